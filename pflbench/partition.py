@@ -1,0 +1,185 @@
+"""Partitioners: pure functions (labels, K, rng, params) → list of K index arrays (SPEC §2).
+
+Every sample goes to at most one client. ``split_train_test`` then splits each client's
+samples into train/test, stratified by label inside the client.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError
+from .registry import PARTITIONERS, register_partitioner
+
+
+@register_partitioner("dirichlet")
+def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha: float = 0.5,
+              min_size: int = 10, balance: bool = True, max_tries: int = 100) -> list[np.ndarray]:
+    """Label skew: per class c, p_c ~ Dir(α·1_K) and class c is cut at floor(cumsum(p_c)·n_c).
+
+    With ``balance`` a client already holding ≥ N/K samples gets proportion 0 for the classes
+    still to come. Redraws until every client has ≥ ``min_size`` samples.
+    """
+    labels = np.asarray(labels)
+    total, classes = len(labels), np.unique(labels)
+    _check_enough_samples(total, num_clients, min_size)
+    for _ in range(max_tries):
+        client_indices: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        sizes = np.zeros(num_clients, dtype=np.int64)
+        for c in classes:
+            class_indices = rng.permutation(np.flatnonzero(labels == c))
+            proportions = rng.dirichlet(np.full(num_clients, alpha))
+            if balance:
+                capped = proportions * (sizes < total / num_clients)
+                if capped.sum() > 0:  # all clients full: keep the raw draw rather than divide by 0
+                    proportions = capped / capped.sum()
+            cuts = (np.cumsum(proportions) * len(class_indices)).astype(np.int64)[:-1]
+            for client, part in enumerate(np.split(class_indices, cuts)):
+                client_indices[client].append(part)
+                sizes[client] += len(part)
+        if sizes.min() >= min_size:
+            return [np.sort(np.concatenate(parts)) for parts in client_indices]
+    raise ConfigError(
+        f"dirichlet partition failed after {max_tries} tries to give each of {num_clients} clients "
+        f"at least min_size={min_size} samples with alpha={alpha}; use fewer clients, a larger "
+        "alpha or a smaller --min-size")
+
+
+@register_partitioner("dirichlet-client")
+def dirichlet_client(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
+                     alpha: float = 0.5, min_size: int = 10) -> list[np.ndarray]:
+    """Per-client class mix: q_k ~ Dir(α·1_C); client k gets N/K samples in proportions q_k.
+
+    Sampling is without replacement; when a class runs out, its share goes to the classes
+    that still have samples (renormalised q_k).
+    """
+    labels = np.asarray(labels)
+    classes = np.unique(labels)
+    per_client = len(labels) // num_clients
+    _check_enough_samples(len(labels), num_clients, min_size)
+    pools = [list(rng.permutation(np.flatnonzero(labels == c))) for c in classes]
+    result = []
+    for _ in range(num_clients):
+        mix = rng.dirichlet(np.full(len(classes), alpha))
+        taken: list[int] = []
+        while len(taken) < per_client:
+            available = np.array([len(pool) > 0 for pool in pools])
+            weights = mix * available
+            weights = weights / weights.sum() if weights.sum() > 0 else available / available.sum()
+            counts = rng.multinomial(per_client - len(taken), weights)
+            for c, count in enumerate(counts):
+                count = min(count, len(pools[c]))
+                taken.extend(pools[c][:count])
+                del pools[c][:count]
+        result.append(np.sort(np.asarray(taken, dtype=np.int64)))
+    return result
+
+
+@register_partitioner("iid")
+def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
+        min_size: int = 10) -> list[np.ndarray]:
+    """Uniform random split into K (near-)equal parts."""
+    _check_enough_samples(len(labels), num_clients, min_size)
+    return [np.sort(part) for part in np.array_split(rng.permutation(len(labels)), num_clients)]
+
+
+@register_partitioner("shards")
+def shards(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
+           shards_per_client: int = 2, min_size: int = 10) -> list[np.ndarray]:
+    """Pathological non-IID: sort by label, cut into K·s shards, deal s random shards each."""
+    labels = np.asarray(labels)
+    num_shards = num_clients * shards_per_client
+    if shards_per_client < 1 or num_shards > len(labels):
+        raise ConfigError(f"shards: {num_clients} clients × {shards_per_client} shards per client "
+                          f"needs at least {num_shards} samples, the data has {len(labels)}")
+    _check_enough_samples(len(labels), num_clients, min_size)
+    shuffled = rng.permutation(len(labels))
+    by_label = shuffled[np.argsort(labels[shuffled], kind="stable")]
+    shard_list = np.array_split(by_label, num_shards)
+    assignment = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
+    return [np.sort(np.concatenate([shard_list[s] for s in row])) for row in assignment]
+
+
+@register_partitioner("natural")
+def natural(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
+            groups: np.ndarray | None = None, min_size: int = 10) -> list[np.ndarray]:
+    """Use the dataset's own client column (e.g. FEMNIST ``writer_id``); K groups at random."""
+    if groups is None:
+        raise ConfigError("partition 'natural' needs a dataset with a client-id column; "
+                          "this dataset has none (use dirichlet, dirichlet-client, iid or shards)")
+    groups = np.asarray(groups)
+    ids, counts = np.unique(groups, return_counts=True)
+    eligible = ids[counts >= min_size]
+    if len(eligible) < num_clients:
+        raise ConfigError(f"partition 'natural': only {len(eligible)} groups have at least "
+                          f"min_size={min_size} samples, {num_clients} clients were asked for")
+    chosen = np.sort(rng.choice(eligible, size=num_clients, replace=False))
+    return [np.flatnonzero(groups == group) for group in chosen]
+
+
+def _check_enough_samples(total: int, num_clients: int, min_size: int) -> None:
+    if num_clients < 1:
+        raise ConfigError(f"--num-clients must be ≥ 1, got {num_clients}")
+    if total < num_clients * min_size:
+        raise ConfigError(
+            f"{num_clients} clients × min_size={min_size} needs {num_clients * min_size} samples, "
+            f"the data has {total}; use at most {total // max(min_size, 1)} clients")
+
+
+def partition(name: str, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
+              **params: Any) -> list[np.ndarray]:
+    """Run partitioner ``name`` with the subset of ``params`` it accepts."""
+    function = PARTITIONERS.get(name)
+    accepted = inspect.signature(function).parameters
+    return function(labels, num_clients, rng, **{k: v for k, v in params.items() if k in accepted})
+
+
+def split_train_test(labels: np.ndarray, client_indices: list[np.ndarray], test_frac: float,
+                     rng: np.random.Generator) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Split each client's samples into train/test, stratified by label inside the client.
+
+    Class c of a client with n_c samples puts round(test_frac · n_c) into test; a client whose
+    rounding leaves its test split empty gives one sample of its largest class to test.
+    """
+    labels = np.asarray(labels)
+    train_splits, test_splits = [], []
+    for indices in client_indices:
+        train, test = [], []
+        client_labels = labels[indices]
+        for c in np.unique(client_labels):
+            members = rng.permutation(indices[client_labels == c])
+            n_test = int(np.floor(test_frac * len(members) + 0.5))
+            test.append(members[:n_test])
+            train.append(members[n_test:])
+        test_idx, train_idx = np.concatenate(test), np.concatenate(train)
+        if len(test_idx) == 0 and test_frac > 0 and len(train_idx) > 1:
+            largest = np.argmax([len(part) for part in train])
+            test_idx, train_idx = train[largest][:1], np.concatenate(
+                [part[1:] if i == largest else part for i, part in enumerate(train)])
+        train_splits.append(np.sort(train_idx).astype(np.int64))
+        test_splits.append(np.sort(test_idx).astype(np.int64))
+    return train_splits, test_splits
+
+
+def partition_stats(labels: np.ndarray, train_splits: list[np.ndarray],
+                    test_splits: list[np.ndarray], num_classes: int) -> dict[str, Any]:
+    """Samples per client, classes per client and the K × C label histogram (train+test)."""
+    labels = np.asarray(labels)
+    histogram = np.stack([
+        np.bincount(labels[np.concatenate([tr, te])], minlength=num_classes)
+        for tr, te in zip(train_splits, test_splits)])
+    sizes = histogram.sum(axis=1)
+    classes_per_client = (histogram > 0).sum(axis=1)
+    return {
+        "num_clients": len(train_splits),
+        "train_samples": [len(s) for s in train_splits],
+        "test_samples": [len(s) for s in test_splits],
+        "samples_per_client": sizes.tolist(),
+        "classes_per_client": classes_per_client.tolist(),
+        "label_histogram": histogram.tolist(),
+        "samples_mean": float(sizes.mean()), "samples_std": float(sizes.std()),
+        "samples_min": int(sizes.min()), "samples_max": int(sizes.max()),
+        "classes_per_client_mean": float(classes_per_client.mean()),
+    }
