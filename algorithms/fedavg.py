@@ -1,1 +1,15 @@
-X=1
+"""FedAvg — McMahan et al., "Communication-Efficient Learning of Deep Networks from
+Decentralized Data", AISTATS 2017 (arXiv:1602.05629).
+
+Clients start from the global weights w, train every trainable parameter and upload it;
+the server sets w ← Σ_k n_k·w_k / Σ_k n_k. All of this is the engine's default behaviour.
+"""
+from __future__ import annotations
+
+from pflbench.engine import Server
+from pflbench.registry import register_algorithm
+
+
+@register_algorithm("fedavg")
+class FedAvg(Server):
+    """Sample-weighted averaging of full models; personalized accuracy = the global model."""

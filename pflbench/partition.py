@@ -57,8 +57,8 @@ def dirichlet_client(labels: np.ndarray, num_clients: int, rng: np.random.Genera
     """
     labels = np.asarray(labels)
     classes = np.unique(labels)
-    per_client = len(labels) // num_clients
     _check_enough_samples(len(labels), num_clients, min_size)
+    per_client = len(labels) // num_clients
     pools = [list(rng.permutation(np.flatnonzero(labels == c))) for c in classes]
     result = []
     for _ in range(num_clients):
@@ -109,6 +109,8 @@ def natural(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
     if groups is None:
         raise ConfigError("partition 'natural' needs a dataset with a client-id column; "
                           "this dataset has none (use dirichlet, dirichlet-client, iid or shards)")
+    if num_clients < 1:
+        raise ConfigError(f"--num-clients must be ≥ 1, got {num_clients}")
     groups = np.asarray(groups)
     ids, counts = np.unique(groups, return_counts=True)
     eligible = ids[counts >= min_size]

@@ -1,0 +1,247 @@
+"""The ``pflbench`` command line: run, partition, list.
+
+Options are generated from the config dataclasses (``RunConfig`` and each algorithm's
+hyperparameters), so defaults and help live in one place. Bad input ends in one
+``Error: ...`` line and exit code 2.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+import typing
+from typing import Any
+
+import click
+
+from .config import RunConfig, field_types
+from .errors import ConfigError
+from .registry import ALGORITHMS, DATASETS, MODELS, PARTITIONERS, load_plugin_file
+
+PARTITION_FIELDS = ("dataset", "dataset_option", "data_dir", "partition", "alpha",
+                    "shards_per_client", "min_size", "test_frac", "num_clients", "seed")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _click_type(annotation: Any, choices: tuple[str, ...] | None) -> tuple[Any, bool]:
+    """(click type, multiple) for a dataclass field annotation."""
+    if choices:
+        return click.Choice(choices), False
+    if typing.get_origin(annotation) is tuple:
+        return typing.get_args(annotation)[0], True
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    return annotation, False
+
+
+def dataclass_options(cls: type, names: tuple[str, ...] | None = None) -> list[click.Option]:
+    hints = field_types(cls)
+    options = []
+    for f in dataclasses.fields(cls):
+        if names is not None and f.name not in names:
+            continue
+        click_type, multiple = _click_type(hints[f.name], f.metadata.get("choices"))
+        if click_type is bool:
+            decls = [f"{_flag(f.name)}/--no-{f.name.replace('_', '-')}"]
+            options.append(click.Option(decls, default=f.default, show_default=True, help=f.metadata["help"]))
+            continue
+        options.append(click.Option([_flag(f.name)], type=click_type, multiple=multiple,
+                                    default=f.default, show_default=f.default is not None,
+                                    help=f.metadata["help"]))
+    return options
+
+
+def algorithm_options() -> list[click.Option]:
+    """One option per hyperparameter name over all registered algorithms (default: unset)."""
+    seen: dict[str, tuple[click.Option, list[str]]] = {}
+    run_fields = {f.name for f in dataclasses.fields(RunConfig)}
+    for algo, server_class in sorted(ALGORITHMS.items.items()):
+        for option, f in zip(dataclass_options(server_class.hyperparameters),
+                             dataclasses.fields(server_class.hyperparameters)):
+            if f.name in run_fields or f.name in ("quiet", "plugin"):
+                raise ConfigError(f"algorithm {algo!r} hyperparameter {f.name!r} clashes with a run option")
+            entry = seen.setdefault(f.name, (option, []))
+            entry[1].append(f"{algo}: {f.default}")
+    result = []
+    for name, (option, defaults) in seen.items():
+        option.default, option.show_default = None, False
+        option.help = f"{option.help} [{'; '.join(defaults)}]"
+        result.append(option)
+    return result
+
+
+def _load_plugins_from(args: list[str]) -> tuple[str, ...]:
+    paths = []
+    for i, arg in enumerate(args):
+        if arg == "--plugin" and i + 1 < len(args):
+            paths.append(args[i + 1])
+        elif arg.startswith("--plugin="):
+            paths.append(arg.split("=", 1)[1])
+    for path in paths:
+        load_plugin_file(path)
+    return tuple(paths)
+
+
+class RunCommand(click.Command):
+    """``run`` gains each registered algorithm's hyperparameters as options (after --plugin)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        _load_plugins_from(args)
+        return super().parse_args(ctx, args)
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        base = super().get_params(ctx)
+        known = {p.name for p in base}
+        return base[:-1] + [o for o in algorithm_options() if o.name not in known] + base[-1:]
+
+
+class PflbenchGroup(click.Group):
+    """Turns every usage error into one ``Error: ...`` line with exit code 2."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        code = 0
+        try:
+            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            code = result if isinstance(result, int) else 0
+        except (click.ClickException, ConfigError) as error:
+            message = error.format_message() if isinstance(error, click.ClickException) else str(error)
+            click.echo(f"Error: {message}", err=True)
+            code = 2
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            code = 1
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+@click.group(cls=PflbenchGroup, context_settings={"help_option_names": ["-h", "--help"],
+                                                   "max_content_width": 100})
+@click.version_option(package_name="pflbench")
+def cli() -> None:
+    """pflbench — personalized federated learning benchmarks."""
+
+
+def _run_callback(quiet: bool, plugin: tuple[str, ...], **values: Any) -> None:
+    from .runner import execute, prepare
+
+    run_fields = {f.name for f in dataclasses.fields(RunConfig)}
+    config = RunConfig(**{k: v for k, v in values.items() if k in run_fields})
+    algo_options = {k: v for k, v in values.items() if k not in run_fields and v is not None}
+    prepared = prepare(config, algo_options)
+    if quiet:
+        summary = execute(prepared, plugins=plugin)
+    else:
+        summary = _execute_with_progress(prepared, plugin, execute)
+    click.echo(_summary_line(summary))
+
+
+def _execute_with_progress(prepared: Any, plugin: tuple[str, ...], execute: Any) -> dict[str, Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    config = prepared.config
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, transient=False) as progress:
+        task = progress.add_task(f"{config.algo} on {config.dataset}", total=config.rounds, status="")
+        last_accuracy = ["-"]
+
+        def on_round(record: dict[str, Any]) -> None:
+            if record.get("pers_acc") is not None:
+                last_accuracy[0] = f"{record['pers_acc']:.4f}"
+            status = f"round {record['round']}  pers_acc {last_accuracy[0]}  loss {record['train_loss']:.4f}"
+            progress.update(task, advance=1, status=status)
+
+        return execute(prepared, on_round, plugins=plugin)
+
+
+def _summary_line(summary: dict[str, Any]) -> str:
+    def fmt(value: Any) -> str:
+        return "null" if value is None else f"{value:.4f}"
+
+    return (f"pers_acc {fmt(summary['pers_acc'])}  pers_acc_weighted {fmt(summary['pers_acc_weighted'])}  "
+            f"worst10 {fmt(summary['pers_acc_worst10'])}  global_acc {fmt(summary['global_acc'])}  "
+            f"up {summary['bytes_up_total'] / 2**20:.2f} MB  time {summary['wall_time_s']:.1f}s\n"
+            f"results: {summary['run_dir']}")
+
+
+run = RunCommand(
+    "run", callback=_run_callback, help="Run one federated experiment and write its results folder.",
+    params=[*dataclass_options(RunConfig),
+            click.Option(["--quiet", "-q"], is_flag=True, help="No progress bar."),
+            click.Option(["--plugin"], multiple=True, type=str,
+                         help="Python file that registers an algorithm/dataset/model (repeatable).")])
+cli.add_command(run)
+
+
+@cli.command("list")
+@click.argument("kind", required=False,
+                type=click.Choice(["algorithms", "datasets", "models", "partitioners"]))
+@click.option("--plugin", multiple=True, help="Python file that registers plugins (repeatable).")
+def list_command(kind: str | None, plugin: tuple[str, ...]) -> None:
+    """List the registered plugins (all kinds, or one)."""
+    for path in plugin:
+        load_plugin_file(path)
+    registries = {"algorithms": ALGORITHMS, "datasets": DATASETS, "models": MODELS,
+                  "partitioners": PARTITIONERS}
+    for name, registry in registries.items():
+        if kind not in (None, name):
+            continue
+        click.echo(f"{name}:")
+        for item_name, item in sorted(registry.items.items()):
+            doc = (item.__doc__ or "").strip().splitlines()
+            click.echo(f"  {item_name:<18} {doc[0] if doc else ''}")
+        if name == "models":
+            click.echo(f"  {'<timm name>':<18} any timm model, e.g. vit_tiny_patch16_224, resnet18")
+
+
+@cli.command("partition")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Save a label-distribution plot (PNG/PDF).")
+@click.option("--save", type=click.Path(dir_okay=False), help="Save indices and statistics as JSON.")
+def partition_command(plot: str | None, save: str | None, **values: Any) -> None:
+    """Partition a dataset and print per-client statistics."""
+    from .config import validate
+    from .data import load_dataset
+    from .results import write_json
+    from .runner import make_partition
+
+    config = RunConfig(**values)
+    validate(config)
+    dataset = load_dataset(config.dataset, config.dataset_options())
+    split = make_partition(config, dataset)
+    stats = split.stats
+    click.echo(f"{config.dataset}: {len(dataset.labels)} samples, {dataset.num_classes} classes, "
+               f"partition={config.partition} alpha={config.alpha:g} K={config.num_clients} seed={config.seed}")
+    click.echo(f"samples/client mean {stats['samples_mean']:.1f} std {stats['samples_std']:.1f} "
+               f"min {stats['samples_min']} max {stats['samples_max']}; "
+               f"classes/client mean {stats['classes_per_client_mean']:.2f}")
+    click.echo(f"{'client':>6} {'train':>6} {'test':>5} {'classes':>7}  label histogram")
+    for k in range(config.num_clients):
+        click.echo(f"{k:>6} {stats['train_samples'][k]:>6} {stats['test_samples'][k]:>5} "
+                   f"{stats['classes_per_client'][k]:>7}  {stats['label_histogram'][k]}")
+    if save:
+        from pathlib import Path
+
+        write_json(Path(save), {"config": dataclasses.asdict(config), **split.to_json()})
+        click.echo(f"saved {save}")
+    if plot:
+        from .plots import plot_label_distribution
+
+        path = plot_label_distribution(stats["label_histogram"], plot,
+                                       title=f"{config.dataset}, {config.partition}, α={config.alpha:g}, K={config.num_clients}")
+        click.echo(f"plot: {path}")
+
+
+partition_command.params[:0] = dataclass_options(RunConfig, PARTITION_FIELDS)
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Run configuration: one frozen dataclass, validated before anything is written.
+
+Each field carries its help text in ``metadata``; the CLI's options and the saved
+``config.json`` are generated from the dataclasses (this one and each algorithm's own).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+
+
+def option(default: Any, help: str, **metadata: Any) -> Any:
+    """A dataclass field with a default and the help text the CLI shows."""
+    if isinstance(default, (list, dict)):
+        raise TypeError("use a tuple for sequence defaults")
+    return field(default=default, metadata={"help": help, **metadata})
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that determines a run's numbers (plus where to write them)."""
+
+    algo: str = option("fedavg", "Algorithm (see `pflbench list algorithms`).")
+    dataset: str = option("digits", "Dataset (see `pflbench list datasets`).")
+    dataset_option: tuple[str, ...] = option(
+        (), "Dataset option KEY=VALUE, repeatable (e.g. num_samples=2000 for synthetic).")
+    data_dir: str | None = option(None, "Local copy of a hub dataset, or a path for local data.")
+    partition: str = option("dirichlet", "Partitioner (see `pflbench list partitioners`).")
+    alpha: float = option(0.5, "Dirichlet concentration: 0.1 strong skew, 1 mild, 100 ≈ IID.")
+    shards_per_client: int = option(2, "Shards per client for --partition shards.")
+    min_size: int = option(10, "Minimum samples per client (dirichlet redraws until met).")
+    test_frac: float = option(0.25, "Fraction of each client's samples held out for its test split.")
+    num_clients: int = option(20, "Number of clients K.")
+    frac: float = option(1.0, "Fraction of clients sampled per round, M = max(1, round(K·frac)).")
+    rounds: int = option(50, "Communication rounds.")
+    local_epochs: int = option(1, "Local epochs per round.")
+    batch_size: int = option(32, "Local minibatch size.")
+    lr: float = option(0.01, "Local learning rate.")
+    optimizer: str = option("sgd", "Local optimizer.", choices=("sgd", "adam"))
+    momentum: float = option(0.0, "SGD momentum (optimizer state is fresh each round).")
+    weight_decay: float = option(0.0, "Weight decay of the local optimizer.")
+    max_grad_norm: float | None = option(None, "Clip each local step's gradient to this norm.")
+    model: str = option("cnn", "Model: a zoo name (`pflbench list models`) or a timm model name.")
+    head_layers: int = option(1, "Layers (from the output) that form the private head.")
+    seed: int = option(0, "Seed of the partition, client sampling, init and local training.")
+    eval_every: int | None = option(None, "Evaluate every N rounds [default: 1 up to 100 rounds, "
+                                    "else rounds/100]; the last round is always evaluated.")
+    device: str = option("cpu", "Torch device: cpu, cuda, cuda:1, ...")
+    out: str = option("results", "Output folder; the run goes to OUT/runs/<name>/.")
+
+    @property
+    def sampled_per_round(self) -> int:
+        return max(1, round(self.num_clients * self.frac))
+
+    @property
+    def resolved_eval_every(self) -> int:
+        if self.eval_every is not None:
+            return self.eval_every
+        return 1 if self.rounds <= 100 else math.ceil(self.rounds / 100)
+
+    def dataset_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        for item in self.dataset_option:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise ConfigError(f"--dataset-option {item!r} is not KEY=VALUE")
+            options[key.strip()] = _parse_scalar(value.strip())
+        if self.data_dir is not None:
+            options["data_dir"] = self.data_dir
+        return options
+
+
+def _parse_scalar(text: str) -> Any:
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return text
+
+
+def validate(config: RunConfig) -> None:
+    """Raise ConfigError naming the first bad value and what would be valid."""
+    checks = [
+        (math.isfinite(config.alpha) and config.alpha > 0, f"--alpha must be a finite number > 0, got {config.alpha}"),
+        (config.num_clients >= 1, f"--num-clients must be ≥ 1, got {config.num_clients}"),
+        (math.isfinite(config.frac) and 0 < config.frac <= 1, f"--frac must be in (0, 1], got {config.frac}"),
+        (config.rounds >= 1, f"--rounds must be ≥ 1, got {config.rounds}"),
+        (config.local_epochs >= 0, f"--local-epochs must be ≥ 0, got {config.local_epochs}"),
+        (config.batch_size >= 1, f"--batch-size must be ≥ 1, got {config.batch_size}"),
+        (math.isfinite(config.lr) and config.lr > 0, f"--lr must be a finite number > 0, got {config.lr}"),
+        (0 < config.test_frac < 1, f"--test-frac must be in (0, 1), got {config.test_frac}"),
+        (config.min_size >= 2, f"--min-size must be ≥ 2 (a train and a test sample), got {config.min_size}"),
+        (config.eval_every is None or config.eval_every >= 1, f"--eval-every must be ≥ 1, got {config.eval_every}"),
+        (config.head_layers >= 1, f"--head-layers must be ≥ 1, got {config.head_layers}"),
+        (config.max_grad_norm is None or config.max_grad_norm > 0, f"--max-grad-norm must be > 0, got {config.max_grad_norm}"),
+        (config.momentum >= 0 and config.weight_decay >= 0, "--momentum and --weight-decay must be ≥ 0"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """Resolved type hints of a dataclass's fields (annotations are strings here)."""
+    return typing.get_type_hints(cls)
+
+
+def hyperparameters_from(cls: type, values: dict[str, Any], algo: str) -> Any:
+    """Build an algorithm's hyperparameter dataclass, rejecting names it does not have."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        flag = "--" + unknown[0].replace("_", "-")
+        valid = ", ".join("--" + n.replace("_", "-") for n in sorted(names)) or "none"
+        raise ConfigError(f"{flag} is not an option of --algo {algo}; its options: {valid}")
+    hyperparameters = cls(**values)
+    for f in dataclasses.fields(cls):
+        choices = f.metadata.get("choices")
+        value = getattr(hyperparameters, f.name)
+        if choices and value not in choices:
+            raise ConfigError(f"--{f.name.replace('_', '-')} {value!r} is not one of: {', '.join(choices)}")
+    check = getattr(hyperparameters, "validate", None)
+    if check is not None:
+        check()
+    return hyperparameters
+
+
+def run_identity(config: RunConfig, hyperparameters: Any) -> dict[str, Any]:
+    """The settings that determine the numbers (output location excluded)."""
+    identity = dataclasses.asdict(config)
+    identity.pop("out")
+    identity["algo_hparams"] = dataclasses.asdict(hyperparameters)
+    return identity
+
+
+def run_name(config: RunConfig, hyperparameters: Any) -> str:
+    """``<algo>__<dataset>__a<alpha>__s<seed>__<hash>`` with a hash of every setting."""
+    digest = hashlib.sha256(json.dumps(run_identity(config, hyperparameters), sort_keys=True,
+                                       default=str).encode()).hexdigest()[:8]
+    return f"{config.algo}__{config.dataset}__a{config.alpha:g}__s{config.seed}__{digest}"

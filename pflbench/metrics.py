@@ -1,0 +1,61 @@
+"""Metrics of SPEC §3 as pure functions of per-client counts, and the run summary."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+ACCURACY_METRICS = ("pers_acc", "pers_acc_weighted", "pers_acc_std", "pers_acc_worst10", "global_acc")
+
+
+def worst_fraction_mean(values: np.ndarray, fraction: float = 0.1) -> float:
+    """Mean of the lowest ceil(fraction·K) values (at least one)."""
+    count = max(1, math.ceil(fraction * len(values)))
+    return float(np.sort(values)[:count].mean())
+
+
+def accuracy_metrics(correct: np.ndarray, totals: np.ndarray) -> dict[str, float]:
+    """Personalized accuracy over clients from per-client correct counts and test sizes.
+
+    pers_acc = mean_k acc_k; pers_acc_weighted = Σ correct / Σ samples; pers_acc_std =
+    population std of acc_k; pers_acc_worst10 = mean of the worst 10% of clients.
+    """
+    correct, totals = np.asarray(correct, dtype=float), np.asarray(totals, dtype=float)
+    accuracy = correct / totals
+    return {
+        "pers_acc": float(accuracy.mean()),
+        "pers_acc_weighted": float(correct.sum() / totals.sum()),
+        "pers_acc_std": float(accuracy.std()),
+        "pers_acc_worst10": worst_fraction_mean(accuracy),
+    }
+
+
+def last_fraction_mean(values: list[float | None], fraction: float = 0.1) -> float | None:
+    """Mean of the last ceil(fraction·n) evaluations (never the best one)."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    count = max(1, math.ceil(fraction * len(present)))
+    return float(np.mean(present[-count:]))
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Final values, means of the last 10% of evaluations, and communication totals."""
+    evaluated = [r for r in records if "pers_acc" in r]
+    final = evaluated[-1] if evaluated else {}
+    summary: dict[str, Any] = {}
+    for name in ACCURACY_METRICS:
+        summary[name] = final.get(name)
+        summary[f"{name}_last10"] = last_fraction_mean([r.get(name) for r in evaluated])
+    last = records[-1] if records else {}
+    summary.update(
+        rounds=len(records),
+        evaluations=len(evaluated),
+        final_train_loss=last.get("train_loss"),
+        bytes_up_total=last.get("bytes_up_cum", 0),
+        bytes_down_total=last.get("bytes_down_cum", 0),
+        round_time_s_mean=float(np.mean([r["round_time_s"] for r in records])) if records else None,
+        peak_mem_mb=max((r.get("peak_mem_mb", 0.0) for r in records), default=None),
+    )
+    return summary

@@ -1,0 +1,94 @@
+"""Figures for partitions and results (matplotlib, Agg canvas, imported lazily).
+
+matplotlib is imported inside the functions so that ``import pflbench`` stays fast, and figures
+are drawn on a private Agg canvas (no pyplot, no global backend switch).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .errors import ConfigError
+
+_MAX_LEGEND_CLASSES = 20
+
+
+def plot_label_distribution(label_histogram: Sequence[Sequence[int]] | np.ndarray,
+                            path: str | Path, title: str = "") -> Path:
+    """Stacked horizontal bars: samples per class (colours) for each client (rows).
+
+    ``label_histogram`` is the K × C matrix of ``partition_stats(...)["label_histogram"]``.
+    The format follows the suffix of ``path`` (``.png``, ``.pdf``, ``.svg``; none → ``.png``).
+    Returns the path written.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+    from matplotlib.figure import Figure
+    import matplotlib
+
+    histogram = np.asarray(label_histogram)
+    if histogram.ndim != 2 or histogram.shape[0] == 0 or histogram.shape[1] == 0:
+        raise ConfigError(f"label histogram must be a non-empty clients × classes matrix, "
+                          f"got shape {histogram.shape}")
+    if (histogram < 0).any():
+        raise ConfigError("label histogram has negative counts")
+    num_clients, num_classes = histogram.shape
+    path = Path(path)
+    if not path.suffix:
+        path = path.with_suffix(".png")
+
+    if num_classes <= 10:
+        colours = matplotlib.colormaps["tab10"].colors[:num_classes]
+    elif num_classes <= 20:
+        colours = matplotlib.colormaps["tab20"].colors[:num_classes]
+    else:
+        colours = matplotlib.colormaps["turbo"](np.linspace(0.05, 0.95, num_classes))
+
+    bar_height = 0.8
+    fig_height = min(max(3.0, 0.16 * num_clients + 1.6), 24.0)
+    figure = Figure(figsize=(9.0, fig_height), dpi=150, layout="constrained")
+    canvas = FigureCanvasAgg(figure)
+    supported = canvas.get_supported_filetypes()
+    fmt = path.suffix[1:].lower()
+    if fmt not in supported:
+        raise ConfigError(f"cannot write a plot as {path.suffix!r}; use one of "
+                          f"{', '.join('.' + s for s in sorted(supported))}")
+    axes = figure.add_subplot()
+    rows = np.arange(num_clients)
+    left = np.zeros(num_clients)
+    for c in range(num_classes):
+        axes.barh(rows, histogram[:, c], left=left, height=bar_height, color=colours[c],
+                  label=str(c), linewidth=0)
+        left += histogram[:, c]
+
+    axes.set_ylim(num_clients - 0.5, -0.5)  # client 0 at the top
+    step = max(1, int(np.ceil(num_clients / 40)))
+    axes.set_yticks(rows[::step], [str(k) for k in rows[::step]],
+                    fontsize=8 if num_clients <= 40 else 7)
+    axes.set_ylabel("client")
+    axes.set_xlabel("samples")
+    axes.set_xlim(0, max(1.0, float(left.max())) * 1.02)
+    axes.grid(axis="x", alpha=0.3)
+    axes.set_axisbelow(True)
+    if title:
+        axes.set_title(title)
+
+    if num_classes <= _MAX_LEGEND_CLASSES:
+        axes.legend(title="class", loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                    fontsize=8, title_fontsize=9, frameon=False,
+                    ncols=1 if num_classes <= 12 or fig_height > 5 else 2)
+    else:
+        from matplotlib.cm import ScalarMappable
+
+        norm = BoundaryNorm(np.arange(num_classes + 1) - 0.5, num_classes)
+        mappable = ScalarMappable(norm=norm, cmap=ListedColormap(colours))
+        colorbar = figure.colorbar(mappable, ax=axes, fraction=0.04, pad=0.02)
+        colorbar.set_label("class")
+        tick_step = max(1, int(np.ceil(num_classes / 20)))
+        colorbar.set_ticks(np.arange(0, num_classes, tick_step))
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format=fmt, dpi=150)
+    return path

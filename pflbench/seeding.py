@@ -1,0 +1,24 @@
+"""Independent, named random streams derived from one seed.
+
+Partitioning, client sampling, model init and local training each draw from their own
+stream, so (for example) every algorithm sees the same client sequence for the same seed.
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+STREAMS = ("partition", "split", "sampling", "init", "train")
+
+
+def derive_seed(seed: int, stream: str, *keys: int) -> int:
+    """A 63-bit seed for ``stream`` (and optional keys such as round and client id)."""
+    if stream not in STREAMS:
+        raise ValueError(f"unknown random stream {stream!r}; streams: {', '.join(STREAMS)}")
+    sequence = np.random.SeedSequence([seed, zlib.crc32(stream.encode()), *keys])
+    return int(sequence.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+def rng_stream(seed: int, stream: str, *keys: int) -> np.random.Generator:
+    return np.random.default_rng(derive_seed(seed, stream, *keys))

@@ -1,0 +1,113 @@
+"""Hand-checked engine pieces: FedAvg weighting, the proximal term, the client-state store."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from pflbench.algorithms.fedprox import proximal_term
+from pflbench.config import RunConfig
+from pflbench.engine import ClientStateStore, ClientUpdate, tensor_bytes, weighted_average
+from pflbench.registry import ALGORITHMS
+from pflbench.runner import prepare
+
+
+def test_weighted_average_hand_computed() -> None:
+    updates = [{"w": torch.tensor([1.0, 2.0]), "b": torch.tensor(3.0)},
+               {"w": torch.tensor([4.0, 8.0]), "b": torch.tensor(-1.0)}]
+    average = weighted_average(updates, [0.25, 0.75])
+    assert torch.allclose(average["w"], torch.tensor([3.25, 6.5]))
+    assert torch.allclose(average["b"], torch.tensor(0.0))
+
+
+def test_fedavg_aggregate_weights_by_samples() -> None:
+    """Clients with 10 and 30 samples: w = (10·w1 + 30·w2) / 40."""
+    config = RunConfig(algo="fedavg", model="mlp", num_clients=3, rounds=1, out="unused")
+    server = prepare(config).server
+    name = server.shared_names[0]
+    shape = server.global_state[name].shape
+    ones, threes = torch.ones(shape), torch.full(shape, 3.0)
+    updates = [ClientUpdate(0, 10, {n: torch.ones_like(t) for n, t in server.global_state.items()}, {}),
+               ClientUpdate(1, 30, {n: torch.full_like(t, 3.0) for n, t in server.global_state.items()}, {})]
+    server.aggregate(updates)
+    expected = (10 * ones + 30 * threes) / 40  # = 2.5
+    assert torch.allclose(server.global_state[name], expected)
+    assert torch.allclose(server.global_state[name], torch.full(shape, 2.5))
+
+
+def test_proximal_term_hand_computed() -> None:
+    """(μ/2)·‖w − w_t‖² with μ = 0.1: diffs (1, 2) and (2) → 0.05 · (1 + 4 + 4) = 0.45."""
+    params = {"a": torch.tensor([1.0, 3.0]), "b": torch.tensor([2.0])}
+    anchor = {"a": torch.tensor([0.0, 1.0]), "b": torch.tensor([0.0])}
+    assert proximal_term(params, anchor, 0.1).item() == pytest.approx(0.45)
+
+
+def test_proximal_term_gradient_is_mu_times_difference() -> None:
+    params = {"a": torch.tensor([1.0, 3.0], requires_grad=True)}
+    anchor = {"a": torch.tensor([0.0, 1.0])}
+    proximal_term(params, anchor, 0.5).backward()
+    assert torch.allclose(params["a"].grad, torch.tensor([0.5, 1.0]))
+
+
+def test_fedprox_loss_adds_exactly_the_proximal_term() -> None:
+    config = RunConfig(algo="fedprox", model="mlp", num_clients=3, rounds=1, out="unused")
+    server = prepare(config, {"mu": 0.2}).server
+    received = {n: t + 0.5 for n, t in server.global_state.items()}
+    inputs, targets = server.data.gather(server.data.train_indices[0][:8])
+    terms = server.client.loss_terms(server.forward, server.parameters, inputs, targets, received)
+    numel = sum(t.numel() for t in received.values())
+    assert terms["proximal"].item() == pytest.approx(0.1 * 0.25 * numel, rel=1e-5)
+    plain = torch.nn.functional.cross_entropy(server.model(inputs), targets)
+    assert terms["task"].item() == pytest.approx(plain.item(), rel=1e-6)
+
+
+def test_client_state_store_keeps_copies() -> None:
+    initial = {"head": torch.zeros(2)}
+    store = ClientStateStore(initial)
+    assert store.get(3) is initial and 3 not in store
+    live = torch.tensor([1.0, 2.0])
+    store.put(3, {"head": live})
+    live += 10  # the store must not alias the working tensor
+    assert torch.equal(store.get(3)["head"], torch.tensor([1.0, 2.0]))
+    assert torch.equal(store.get(4)["head"], torch.zeros(2))
+    assert store.nbytes() == 8
+
+
+def test_tensor_bytes_counts_numel_times_element_size() -> None:
+    assert tensor_bytes({"a": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.float16)}) == 48 + 10
+
+
+def test_bytes_are_counted_from_the_tensors_sent() -> None:
+    config = RunConfig(algo="fedavg", model="mlp", num_clients=4, frac=0.5, rounds=2, out="unused")
+    prepared = prepare(config)
+    records = []
+    prepared.server.run(records.append)
+    model_bytes = sum(p.numel() * 4 for p in prepared.server.model.parameters())
+    for record in records:
+        assert record["bytes_up"] == record["bytes_down"] == 2 * model_bytes
+    assert records[-1]["bytes_up_cum"] == 4 * model_bytes
+
+
+def test_same_seed_gives_same_client_sequence_for_every_algorithm() -> None:
+    sequences = {}
+    for algo in ALGORITHMS.names():
+        config = RunConfig(algo=algo, model="mlp", num_clients=10, frac=0.3, rounds=1, out="unused")
+        server = prepare(config).server
+        sequences[algo] = [server.sample_clients() for _ in range(5)]
+    first = next(iter(sequences.values()))
+    assert all(seq == first for seq in sequences.values())
+    assert all(len(s) == 3 for s in first) and len({tuple(s) for s in first}) > 1
+
+
+def test_local_phase_freezing_and_restores_requires_grad() -> None:
+    config = RunConfig(algo="fedavg", model="mlp", num_clients=3, rounds=1, out="unused")
+    server = prepare(config).server
+    assert all(server.parameters[n].requires_grad for n in server.trainable_names)
+    server.train_client(0, server.global_state, 1)
+    assert all(server.parameters[n].requires_grad for n in server.trainable_names)
+
+
+def test_config_is_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        RunConfig().rounds = 3  # type: ignore[misc]
