@@ -42,5 +42,7 @@ class FedProxClient(Client):
 
 @register_algorithm("fedprox")
 class FedProx(FedAvg):
+    """FedAvg with (μ/2)·‖w_k − w‖² added to every local loss."""
+
     hyperparameters = FedProxHyperparameters
     client_class = FedProxClient
