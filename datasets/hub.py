@@ -1,0 +1,262 @@
+"""MNIST, Fashion-MNIST, CIFAR-10 and CIFAR-100 from the Hugging Face Hub or a local copy.
+
+Each loader pools all of the dataset's splits (train + test) into one ``TensorDataset``.
+``data_dir`` names a local copy, in either of two forms:
+
+* a clone of the hub repository (``git clone https://huggingface.co/datasets/<hub id>`` with
+  git-lfs), or any folder of its parquet files; it is passed as the path to
+  ``datasets.load_dataset``;
+* a folder written by ``datasets.load_dataset(<hub id>).save_to_disk(folder)``.
+
+Without ``data_dir`` the hub id is loaded through Hugging Face's own cache (``HF_HOME`` /
+``HF_DATASETS_CACHE``). With ``HF_HUB_OFFLINE=1`` only that cache is read; otherwise the hub is
+probed once (a few seconds at most) so that an unreachable hub fails fast, not after retries.
+Either way, data that cannot be had raises a one-line ``ConfigError`` saying how to get it.
+
+The helpers in the first section (image decoding, labels, column checks) are shared with
+``pflbench.datasets.local_files``. Hugging Face ``datasets`` is imported where used: it takes
+about a second, and every pflbench command imports the dataset plugins.
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import torch
+from huggingface_hub.utils import get_session, httpx
+from PIL import Image
+
+from pflbench.data import TensorDataset
+from pflbench.errors import ConfigError
+from pflbench.registry import register_dataset
+
+if TYPE_CHECKING:
+    import datasets
+
+HUB_PROBE_TIMEOUT_S = 3.0
+_GRAYSCALE_MODES = frozenset({"1", "L", "LA"})
+_LFS_POINTER = b"version https://git-lfs"
+
+
+@dataclass(frozen=True)
+class HubSource:
+    """Where a dataset lives on the hub and which of its columns hold the image and label."""
+
+    name: str
+    hub_id: str
+    image_column: str
+    label_column: str
+
+
+# ----------------------------------------------------------------------------- shared helpers
+
+
+def image_sources(column: pa.ChunkedArray, name: str) -> list[bytes | str]:
+    """The encoded bytes (or, where absent, the file path) of each HF ``Image`` struct."""
+    fields = {field.name for field in column.type} if pa.types.is_struct(column.type) else set()
+    if not {"bytes", "path"} <= fields:
+        raise ConfigError(f"column {name!r} is not an image column: expected Hugging Face Image "
+                          f"structs {{bytes, path}}, found {column.type}")
+    sources: list[bytes | str] = []
+    for chunk in column.chunks:
+        encoded, paths = chunk.field("bytes").to_pylist(), chunk.field("path").to_pylist()
+        sources.extend(data if data is not None else path for data, path in zip(encoded, paths))
+    return sources
+
+
+def _decode(source: bytes | str, size: tuple[int, int] | None) -> np.ndarray:
+    """One image as uint8 [H, W] (grayscale) or [H, W, 3] (anything else, as RGB)."""
+    with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as image:
+        mode = "L" if image.mode in _GRAYSCALE_MODES else "RGB"
+        converted = image.convert(mode) if image.mode != mode else image
+        if size is not None and converted.size != (size[1], size[0]):
+            converted = converted.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+        return np.asarray(converted, dtype=np.uint8)
+
+
+def decode_images(sources: Sequence[bytes | str],
+                  size: tuple[int, int] | None = None) -> torch.Tensor:
+    """Encoded images (bytes or paths) → uint8 [N, C, H, W]; C=1 if all are grayscale, else 3.
+
+    ``size`` (H, W) resizes every image; without it all images must share one size.
+    """
+    arrays = [_decode(source, size) for source in sources]
+    if not arrays:
+        raise ConfigError("the dataset holds no images")
+    shapes = sorted({array.shape[:2] for array in arrays})
+    if len(shapes) > 1:
+        raise ConfigError(f"images have different sizes ({shapes[0][0]}x{shapes[0][1]} and "
+                          f"{shapes[-1][0]}x{shapes[-1][1]}); pass the size option, e.g. size=32")
+    if all(array.ndim == 2 for array in arrays):
+        return torch.from_numpy(np.stack(arrays)).unsqueeze(1).contiguous()
+    rgb = [np.repeat(array[:, :, None], 3, axis=2) if array.ndim == 2 else array
+           for array in arrays]
+    return torch.from_numpy(np.stack(rgb)).permute(0, 3, 1, 2).contiguous()
+
+
+def label_info(feature: Any, labels: np.ndarray, name: str) -> tuple[int, list[str] | None]:
+    """Number of classes (and their names) from a ``ClassLabel`` feature, else max label + 1."""
+    import datasets
+
+    if isinstance(feature, datasets.ClassLabel):
+        num_classes, names = feature.num_classes, list(feature.names)
+    else:
+        num_classes, names = int(labels.max(initial=-1)) + 1, None
+    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+        raise ConfigError(f"label column {name!r} has values outside 0..{num_classes - 1} "
+                          f"(min {labels.min()}, max {labels.max()})")
+    return num_classes, names
+
+
+def reject_lfs_pointers(files: Sequence[Path]) -> None:
+    """ConfigError if a file is a git-lfs pointer (a clone made without git-lfs), not data."""
+    for file in files:
+        with open(file, "rb") as handle:
+            if handle.read(len(_LFS_POINTER)) == _LFS_POINTER:
+                raise ConfigError(f"{str(file)!r} is a git-lfs pointer, not the data; run "
+                                  "`git lfs install && git lfs pull` in the clone")
+
+
+def require_columns(available: Sequence[str], wanted: Sequence[str], where: str) -> None:
+    """ConfigError naming the first of ``wanted`` that ``available`` lacks."""
+    for column in wanted:
+        if column not in available:
+            raise ConfigError(f"{where} has no column {column!r}; its columns: "
+                              f"{', '.join(available)}")
+
+
+# ----------------------------------------------------------------------------- getting the data
+
+
+def _how_to_get(source: HubSource) -> str:
+    return (f"download it on a machine with network: python -c \"import datasets; "
+            f"datasets.load_dataset('{source.hub_id}').save_to_disk('{source.name}')\" and pass "
+            f"--data-dir {source.name}, or git clone (with git-lfs) "
+            f"https://huggingface.co/datasets/{source.hub_id} and pass --data-dir PATH")
+
+
+def _unavailable(source: HubSource, reason: str) -> ConfigError:
+    reason = " ".join(reason.split())
+    return ConfigError(f"dataset {source.name!r} (hub id {source.hub_id}) is not available: "
+                       f"{reason}; {_how_to_get(source)}")
+
+
+def _hub_reachable() -> bool:
+    """One request to the hub endpoint, no retries: any HTTP answer counts as reachable."""
+    import datasets
+
+    try:
+        get_session().head(datasets.config.HF_ENDPOINT, timeout=HUB_PROBE_TIMEOUT_S)
+    except httpx.TransportError:
+        return False
+    return True
+
+
+def _as_splits(loaded: datasets.Dataset | datasets.DatasetDict) -> dict[str, datasets.Dataset]:
+    import datasets
+
+    if isinstance(loaded, datasets.DatasetDict):
+        return dict(loaded)
+    return {"all": loaded}
+
+
+def _from_hub(source: HubSource) -> dict[str, datasets.Dataset]:
+    """The hub dataset through Hugging Face's cache; ConfigError fast when it cannot be had."""
+    import datasets
+
+    if not datasets.config.HF_HUB_OFFLINE and not _hub_reachable():
+        raise _unavailable(source, f"the Hugging Face Hub ({datasets.config.HF_ENDPOINT}) is "
+                                   "unreachable (set HF_HUB_OFFLINE=1 to use a copy already in "
+                                   "the Hugging Face cache)")
+    try:
+        return _as_splits(datasets.load_dataset(source.hub_id))
+    except ConnectionError as error:  # offline (or the network dropped) and not cached
+        raise _unavailable(source, str(error)) from error
+
+
+def _from_local_copy(source: HubSource, path: Path) -> dict[str, datasets.Dataset]:
+    """A hub-repo clone (parquet files) or a ``save_to_disk`` folder."""
+    import datasets
+
+    if not path.is_dir():
+        raise _unavailable(source, f"data_dir {str(path)!r} is not a directory")
+    if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+        return _as_splits(datasets.load_from_disk(str(path)))
+    reject_lfs_pointers(sorted(path.rglob("*.parquet")))
+    try:
+        return _as_splits(datasets.load_dataset(str(path)))
+    except FileNotFoundError as error:  # EmptyDatasetError, DataFilesNotFoundError
+        reason = f"data_dir {str(path)!r} holds no data files ({error})"
+        raise _unavailable(source, reason) from error
+
+
+# ----------------------------------------------------------------------------- the loaders
+
+
+def _pool(splits: dict[str, datasets.Dataset], image_column: str, label_column: str,
+          origin: str) -> TensorDataset:
+    """The splits concatenated in order into one TensorDataset."""
+    first = next(iter(splits.values()))
+    require_columns(first.column_names, [image_column, label_column], origin)
+    tables = [split.with_format("arrow") for split in splits.values()]
+    sources = [item for table in tables
+               for item in image_sources(table[image_column], image_column)]
+    labels = np.concatenate([table[label_column].to_numpy() for table in tables]).astype(np.int64)
+    num_classes, names = label_info(first.features[label_column], labels, label_column)
+    sizes = {name: len(split) for name, split in splits.items()}
+    described = ", ".join(f"{name}: {size}" for name, size in sizes.items())
+    info: dict[str, Any] = {"splits": sizes, "label_column": label_column}
+    if names is not None:
+        info["classes"] = names
+    return TensorDataset(inputs=decode_images(sources), labels=torch.from_numpy(labels),
+                         num_classes=num_classes, source=f"{origin}, splits pooled ({described})",
+                         info=info)
+
+
+def load_hub_dataset(source: HubSource, data_dir: str | None,
+                     label_column: str | None = None) -> TensorDataset:
+    """All splits of ``source`` pooled into one TensorDataset (see the module docstring)."""
+    if data_dir is None:
+        splits, origin = _from_hub(source), f"Hugging Face hub {source.hub_id}"
+    else:
+        path = Path(data_dir).expanduser().resolve()
+        splits, origin = _from_local_copy(source, path), f"{path} (local copy of {source.hub_id})"
+    return _pool(splits, source.image_column, label_column or source.label_column, origin)
+
+
+MNIST = HubSource("mnist", "ylecun/mnist", "image", "label")
+FASHION_MNIST = HubSource("fashion_mnist", "zalando-datasets/fashion_mnist", "image", "label")
+CIFAR10 = HubSource("cifar10", "uoft-cs/cifar10", "img", "label")
+CIFAR100 = HubSource("cifar100", "uoft-cs/cifar100", "img", "fine_label")
+CIFAR100_LABELS = {"fine": "fine_label", "coarse": "coarse_label"}
+
+
+@register_dataset("mnist")
+def mnist(data_dir: str | None = None) -> TensorDataset:
+    """MNIST (ylecun/mnist): 70,000 28×28 grayscale handwritten digits, 10 classes."""
+    return load_hub_dataset(MNIST, data_dir)
+
+
+@register_dataset("fashion_mnist")
+def fashion_mnist(data_dir: str | None = None) -> TensorDataset:
+    """Fashion-MNIST (zalando-datasets/fashion_mnist): 70,000 28×28 grayscale, 10 classes."""
+    return load_hub_dataset(FASHION_MNIST, data_dir)
+
+
+@register_dataset("cifar10")
+def cifar10(data_dir: str | None = None) -> TensorDataset:
+    """CIFAR-10 (uoft-cs/cifar10): 60,000 32×32 RGB images, 10 classes."""
+    return load_hub_dataset(CIFAR10, data_dir)
+
+
+@register_dataset("cifar100")
+def cifar100(data_dir: str | None = None, label: str = "fine") -> TensorDataset:
+    """CIFAR-100 (uoft-cs/cifar100): 60,000 32×32 RGB; label="fine" (100) or "coarse" (20)."""
+    if label not in CIFAR100_LABELS:
+        raise ConfigError(f"cifar100 option label must be one of {', '.join(CIFAR100_LABELS)}, "
+                          f"got {label!r}")
+    return load_hub_dataset(CIFAR100, data_dir, CIFAR100_LABELS[label])
