@@ -161,3 +161,16 @@ def test_broken_plugin_files_are_clear_errors(tmp_path: Path) -> None:
     assert code == 2 and "failed to import" in output
     code, output = invoke("run", "--plugin", str(empty), *TINY, "--out", str(tmp_path))
     assert code == 2 and "registers nothing" in output
+
+
+def test_contributing_example_plugin_runs(tmp_path: Path) -> None:
+    """The complete plugin shown in CONTRIBUTING.md works as documented."""
+    text = (Path(__file__).resolve().parents[1] / "CONTRIBUTING.md").read_text()
+    code = text.split('```python\n"""FedAnchor')[1].split("```")[0]
+    plugin = tmp_path / "fedanchor.py"
+    plugin.write_text('"""FedAnchor' + code)
+    code, output = invoke("run", "--plugin", str(plugin), "--algo", "fedanchor", "--strength", "0.05",
+                          *TINY, "--out", str(tmp_path / "out"))
+    assert code == 0, output
+    records = (run_folder(tmp_path / "out") / "rounds.jsonl").read_text().splitlines()
+    assert "loss_anchor" in json.loads(records[-1])
