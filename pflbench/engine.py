@@ -3,8 +3,9 @@
 ``Server.run`` is the template method (sample → send → local train → aggregate → evaluate →
 log). The engine owns the batch loop and calls the optimizer; algorithms override small hooks:
 
-- Server: ``shared_names`` (what travels), ``broadcast`` (what client k receives),
-  ``aggregate`` (the update rule), ``round_diagnostics``; ``has_global_model``.
+- Server: ``select_shared`` (what travels), ``broadcast`` (what client k receives),
+  ``load_client`` (how a client's model is assembled), ``aggregate`` (the update rule),
+  ``round_diagnostics``; ``has_global_model``.
 - Client: ``local_phases`` (which params train for how many epochs), ``loss_terms`` (a pure
   function of (params, batch): CE plus any extra terms), ``make_optimizer``, ``upload``.
 
@@ -174,9 +175,13 @@ class Server:
         """True when every client's evaluation model is the global one (one pass evaluates all)."""
         return not self.private_names
 
-    def load_personal_model(self, client_id: int) -> None:
-        self.load_into(self.state, self.broadcast(client_id))
+    def load_client(self, client_id: int, received: Tensors) -> None:
+        """Put client ``client_id``'s model in the working model: what it received + its private state."""
+        self.load_into(self.state, received)
         self.load_into(self.state, self.store.get(client_id))
+
+    def load_personal_model(self, client_id: int) -> None:
+        self.load_client(client_id, self.broadcast(client_id))
 
     def load_global_model(self) -> None:
         self.load_into(self.state, self.global_state)
@@ -198,8 +203,7 @@ class Server:
 
     def train_client(self, client_id: int, received: Tensors, round_index: int) -> ClientUpdate:
         """Load the client, run its local phases (the batch loop), store private state, upload."""
-        self.load_into(self.state, received)
-        self.load_into(self.state, self.store.get(client_id))
+        self.load_client(client_id, received)
         generator = torch.Generator().manual_seed(derive_seed(self.config.seed, "train", round_index, client_id))
         params, client, config = self.parameters, self.client, self.config
         sums: dict[str, torch.Tensor] = {}
