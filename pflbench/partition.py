@@ -142,8 +142,9 @@ def split_train_test(labels: np.ndarray, client_indices: list[np.ndarray], test_
                      rng: np.random.Generator) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Split each client's samples into train/test, stratified by label inside the client.
 
-    Class c of a client with n_c samples puts round(test_frac · n_c) into test; a client whose
-    rounding leaves its test split empty gives one sample of its largest class to test.
+    Class c of a client with n_c samples puts floor(test_frac · n_c + 0.5) into test. A client
+    whose rounding leaves its test (train) split empty moves one sample there, so both splits
+    are non-empty for every client with at least two samples.
     """
     labels = np.asarray(labels)
     train_splits, test_splits = [], []
@@ -160,6 +161,8 @@ def split_train_test(labels: np.ndarray, client_indices: list[np.ndarray], test_
             largest = np.argmax([len(part) for part in train])
             test_idx, train_idx = train[largest][:1], np.concatenate(
                 [part[1:] if i == largest else part for i, part in enumerate(train)])
+        if len(train_idx) == 0 and len(test_idx) > 1:
+            train_idx, test_idx = test_idx[:1], test_idx[1:]
         train_splits.append(np.sort(train_idx).astype(np.int64))
         test_splits.append(np.sort(test_idx).astype(np.int64))
     return train_splits, test_splits
