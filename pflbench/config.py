@@ -49,6 +49,23 @@ class RunConfig:
     max_grad_norm: float | None = option(None, "Clip each local step's gradient to this norm.")
     model: str = option("cnn", "Model: a zoo name (`pflbench list models`) or a timm model name.")
     head_layers: int = option(1, "Layers (from the output) that form the private head.")
+    model_option: tuple[str, ...] = option(
+        (), "Model option KEY=VALUE, repeatable (ViTs: depth=6, embed_dim=192, num_heads=3, patch_size=2).")
+    pretrained: bool = option(False, "Start from timm's hub weights (network or a filled HF cache).")
+    weights: str | None = option(None, "Start from a local state dict file (a head of another shape is skipped).")
+    public_frac: float = option(0.0, "Fraction of the pooled data held out as public, given to no "
+                                "client (pretrains the backbone; keep it equal across compared runs).")
+    backbone: str = option(
+        "auto", "Initial weights: auto = --weights/--pretrained if given, else LoRA runs pretrain on the "
+        "public fraction and other runs start at random; public = pretrain on the public fraction "
+        "(cached); random = random init.", choices=("auto", "public", "random"))
+    pretrain_epochs: int = option(40, "Epochs of central pretraining on the public fraction.")
+    pretrain_lr: float = option(1e-3, "Adam learning rate of the public pretraining.")
+    lora_rank: int | None = option(None, "LoRA rank r: freeze the backbone and train LoRA on "
+                                   "--lora-targets plus the head (any algorithm).")
+    lora_alpha: float = option(16.0, "LoRA α; the low-rank update is scaled by α/r.")
+    lora_targets: str = option("attn.proj,mlp.fc2", "Comma-separated name suffixes of the linear "
+                               "layers LoRA adapts (e.g. qkv,proj,fc1,fc2).")
     seed: int = option(0, "Seed of the partition, client sampling, init and local training.")
     eval_every: int | None = option(None, "Evaluate every N rounds [default: 1 up to 100 rounds, "
                                     "else rounds/100]; the last round is always evaluated.")
@@ -66,15 +83,45 @@ class RunConfig:
         return 1 if self.rounds <= 100 else math.ceil(self.rounds / 100)
 
     def dataset_options(self) -> dict[str, Any]:
-        options: dict[str, Any] = {}
-        for item in self.dataset_option:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise ConfigError(f"--dataset-option {item!r} is not KEY=VALUE")
-            options[key.strip()] = _parse_scalar(value.strip())
+        options = _key_values(self.dataset_option, "--dataset-option")
         if self.data_dir is not None:
             options["data_dir"] = self.data_dir
         return options
+
+    def model_options(self) -> dict[str, Any]:
+        return _key_values(self.model_option, "--model-option")
+
+
+# Defaults of a LoRA run (--lora-rank or a LoRA algorithm) for the fields its command line does
+# not set: LoRA needs a transformer and a pretrained backbone, which offline means one pretrained
+# on a public fraction of the data (SPEC §4, "Backbone for LoRA methods").
+LORA_RUN_DEFAULTS: dict[str, Any] = {
+    "model": "vit_tiny_patch16_224",
+    "model_option": ("depth=6",),
+    "public_frac": 0.2,
+    "optimizer": "adam",
+    "lr": 1e-3,
+}
+
+
+def apply_lora_run_defaults(config: RunConfig, explicit: set[str]) -> tuple[RunConfig, dict[str, Any]]:
+    """``config`` with ``LORA_RUN_DEFAULTS`` for the fields not in ``explicit``, and what changed.
+
+    The model options belong to the default model: an explicit ``--model`` keeps its own."""
+    explicit = explicit | ({"model_option"} if "model" in explicit else set())
+    applied = {name: value for name, value in LORA_RUN_DEFAULTS.items()
+               if name not in explicit and getattr(config, name) != value}
+    return dataclasses.replace(config, **applied), applied
+
+
+def _key_values(items: tuple[str, ...], flag: str) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{flag} {item!r} is not KEY=VALUE")
+        options[key.strip()] = _parse_scalar(value.strip())
+    return options
 
 
 def _parse_scalar(text: str) -> Any:
@@ -102,6 +149,15 @@ def validate(config: RunConfig) -> None:
         (config.head_layers >= 1, f"--head-layers must be ≥ 1, got {config.head_layers}"),
         (config.max_grad_norm is None or config.max_grad_norm > 0, f"--max-grad-norm must be > 0, got {config.max_grad_norm}"),
         (config.momentum >= 0 and config.weight_decay >= 0, "--momentum and --weight-decay must be ≥ 0"),
+        (0 <= config.public_frac < 1, f"--public-frac must be in [0, 1), got {config.public_frac}"),
+        (config.lora_rank is None or config.lora_rank >= 1, f"--lora-rank must be ≥ 1, got {config.lora_rank}"),
+        (config.lora_alpha > 0, f"--lora-alpha must be > 0, got {config.lora_alpha}"),
+        (config.pretrain_epochs >= 1 and config.pretrain_lr > 0, "--pretrain-epochs must be ≥ 1 and --pretrain-lr > 0"),
+        (not (config.pretrained and config.weights), "give either --pretrained or --weights, not both"),
+        (config.backbone == "auto" or not (config.pretrained or config.weights),
+         f"--backbone {config.backbone} contradicts --pretrained/--weights; use --backbone auto with them"),
+        (config.backbone != "public" or config.public_frac > 0,
+         "--backbone public pretrains on the public fraction; give --public-frac (e.g. 0.2)"),
     ]
     for ok, message in checks:
         if not ok:

@@ -5,7 +5,8 @@ log). The engine owns the batch loop and calls the optimizer; algorithms overrid
 
 - Server: ``select_shared`` (what travels), ``broadcast`` (what client k receives),
   ``load_client`` (how a client's model is assembled), ``aggregate`` (the update rule),
-  ``round_diagnostics``; ``has_global_model``.
+  ``round_diagnostics``, ``run_info``; ``has_global_model``; ``lora_rank`` and
+  ``lora_layer_class`` (LoRA runs: the runner wraps the model before the server sees it).
 - Client: ``local_phases`` (which params train for how many epochs), ``loss_terms`` (a pure
   function of (params, batch): CE plus any extra terms), ``make_optimizer``, ``upload``.
 
@@ -14,7 +15,6 @@ client in the ``ClientStateStore``) or frozen (never trained, never copied).
 """
 from __future__ import annotations
 
-import dataclasses
 import resource
 import time
 from dataclasses import dataclass
@@ -27,6 +27,7 @@ from torch import nn
 
 from .config import RunConfig
 from .data import FederatedData
+from .lora import LoRALinear
 from .metrics import accuracy_metrics
 from .seeding import derive_seed, rng_stream
 
@@ -132,6 +133,15 @@ class Server:
     hyperparameters: type = NoHyperparameters
     client_class: type[Client] = Client
     has_global_model: bool = True  # False: global_acc is reported as null
+    lora_layer_class: type[LoRALinear] = LoRALinear  # a subclass adds branches (FedSDG)
+
+    @classmethod
+    def lora_rank(cls, config: RunConfig, hparams: Any) -> int | None:
+        """Rank the LoRA layers are built with (None: no LoRA); default ``--lora-rank``.
+
+        The runner applies LoRA before constructing the server, so the frozen backbone is not
+        trainable state and never travels."""
+        return config.lora_rank
 
     def __init__(self, config: RunConfig, hparams: Any, model: nn.Module,
                  data: FederatedData) -> None:
@@ -169,6 +179,10 @@ class Server:
         self.load_into(self.global_state, average)
 
     def round_diagnostics(self, updates: list[ClientUpdate]) -> dict[str, Any]:
+        return {}
+
+    def run_info(self) -> dict[str, Any]:
+        """Settings the algorithm resolved at start (recorded in config.json)."""
         return {}
 
     def clients_share_one_model(self) -> bool:
@@ -316,7 +330,3 @@ def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def hyperparameter_fields(server_class: type[Server]) -> list[dataclasses.Field]:
-    return list(dataclasses.fields(server_class.hyperparameters))

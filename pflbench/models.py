@@ -6,7 +6,9 @@ from parameter names. timm models get the same declaration from their module tre
 """
 from __future__ import annotations
 
+import hashlib
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -95,11 +97,34 @@ class LeNet(_TwoConvNet):
         super().__init__(input_shape, num_classes, (6, 16, 120, 84))
 
 
+def vit_patch_size(height: int, width: int) -> int:
+    """Smallest patch size dividing both sides with a grid side ≤ min(14, max(4, side // 4)).
+
+    8×8 → 2 (4×4 tokens), 28×28 → 4 (7×7), 32×32 → 4 (8×8), 64×64 → 8, 224×224 → 16 (14×14).
+    """
+    side = min(height, width)
+    limit = min(14, max(4, side // 4))
+    return next(p for p in range(1, side + 1)
+                if height % p == 0 and width % p == 0 and side // p <= limit)
+
+
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
-                **options: Any) -> nn.Module:
-    """A zoo model, or any timm model name, adapted to ``input_shape`` and ``num_classes``."""
+                pretrained: bool = False, **options: Any) -> nn.Module:
+    """A zoo model, or any timm model name, adapted to ``input_shape`` and ``num_classes``.
+
+    ``options`` go to the model's constructor (``--model-option``); timm ViTs (``vit_*``) also
+    get a patch size that gives small images a sensible token grid (``vit_patch_size``).
+    ``pretrained`` loads timm's hub weights; failing to reach them is an error, never a
+    silent random init.
+    """
     if name in MODELS.items:
-        return MODELS.get(name)(input_shape, num_classes, **options)
+        if pretrained:
+            raise ConfigError(f"--pretrained: zoo model {name!r} has no hub weights; use a timm model "
+                              "name, --weights FILE, or --backbone public")
+        try:
+            return MODELS.get(name)(input_shape, num_classes, **options)
+        except TypeError as error:
+            raise ConfigError(f"--model-option for {name!r}: {error}") from error
     import timm
 
     if not timm.is_model(name):
@@ -107,12 +132,62 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
                           "or a timm model name (see timm.list_models())")
     if len(input_shape) != 3:
         raise ConfigError(f"timm model {name!r} needs image inputs, the data has shape {input_shape}")
-    channels, height, _ = input_shape
-    kwargs = dict(pretrained=False, num_classes=num_classes, in_chans=channels, **options)
-    try:  # ViTs and friends take the image size; CNNs adapt by global pooling
-        return timm.create_model(name, img_size=height, **kwargs)
-    except TypeError:
-        return timm.create_model(name, **kwargs)
+    channels, height, width = input_shape
+    if name.startswith("vit_"):
+        options.setdefault("patch_size", vit_patch_size(height, width))
+    kwargs = dict(pretrained=pretrained, num_classes=num_classes, in_chans=channels, **options)
+    try:
+        try:  # ViTs and friends take the image size; CNNs adapt by global pooling
+            return timm.create_model(name, img_size=height, **kwargs)
+        except TypeError:
+            return timm.create_model(name, **kwargs)
+    except TypeError as error:
+        raise ConfigError(f"--model-option for {name!r}: {error}") from error
+    except (OSError, RuntimeError) as error:
+        if not pretrained:
+            raise
+        raise ConfigError(
+            f"--pretrained: could not load timm hub weights for {name!r} ({type(error).__name__}); "
+            "offline, pretrain a backbone on a public fraction of the data instead "
+            "(`pflbench pretrain`, or run with --backbone public --public-frac 0.2) or pass "
+            "--weights FILE") from error
+
+
+def load_weights(model: nn.Module, path: str | Path) -> dict[str, Any]:
+    """Load a state dict file (raw, or ``{"state_dict": ..., "meta": ...}``) into ``model``.
+
+    Every tensor must fit, except a classifier head of another shape, which is skipped (the
+    model keeps its fresh head). Returns what was done: ``head`` ("loaded"/"skipped ..."),
+    ``sha256`` of the file and the file's ``meta``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--weights {str(path)!r} is not a file")
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # any unreadable file is bad user input here
+        raise ConfigError(f"--weights {str(path)!r} is not a readable state dict: {error}") from error
+    if not isinstance(saved, dict):
+        raise ConfigError(f"--weights {str(path)!r} holds a {type(saved).__name__}, not a state dict")
+    meta = saved.get("meta", {}) if "state_dict" in saved else {}
+    state = dict(saved.get("state_dict", saved))
+    own = model.state_dict()
+    head = head_parameter_names(model)
+    skipped = [n for n in head if n in state and n in own and state[n].shape != own[n].shape]
+    for name in skipped:
+        state.pop(name)
+    missing = [n for n in own if n not in state and n not in skipped]
+    unexpected = [n for n in state if n not in own]
+    wrong = [n for n in state if n in own and state[n].shape != own[n].shape]
+    if missing or unexpected or wrong:
+        raise ConfigError(
+            f"--weights {str(path)!r} does not fit this model (same --model and --model-option?): "
+            f"missing {missing[:3]}, unexpected {unexpected[:3]}, shape mismatch {wrong[:3]}")
+    model.load_state_dict(state, strict=False)
+    head_note = (f"skipped {skipped} (shape differs from this model's, freshly initialised)"
+                 if skipped else "loaded")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return {"head": head_note, "sha256": digest, "meta": meta}
 
 
 def layer_order(model: nn.Module) -> list[str]:

@@ -6,11 +6,14 @@ are drawn on a private Agg canvas (no pyplot, no global backend switch).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _MAX_LEGEND_CLASSES = 20
 
@@ -92,3 +95,55 @@ def plot_label_distribution(label_histogram: Sequence[Sequence[int]] | np.ndarra
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format=fmt, dpi=150)
     return path
+
+
+def plot_curves(bands: pd.DataFrame, paths: Sequence[str | Path], x_label: str, y_label: str,
+                title: str = "") -> list[Path]:
+    """One panel per (dataset, α): a line per table row (mean over seeds) and a ±std band.
+
+    ``bands`` has the columns row, dataset, alpha, x, mean, std of
+    ``leaderboard.curve_bands``; the same figure is saved to every path (format by suffix).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    import matplotlib
+
+    if bands.empty:
+        raise ConfigError("no curves to plot")
+    panels = sorted({(d, a) for d, a in zip(bands["dataset"], bands["alpha"])})
+    rows = sorted(bands["row"].unique())
+    palette = matplotlib.colormaps["tab10" if len(rows) <= 10 else "tab20"]
+    colours = {row: palette(i % palette.N) for i, row in enumerate(rows)}
+    # line style and marker vary too, so that curves lying on top of each other stay visible
+    styles = {row: (("-", "--", "-.", ":")[i % 4], "osD^v<>p"[i % 8]) for i, row in enumerate(rows)}
+    columns = min(3, len(panels))
+    grid_rows = -(-len(panels) // columns)
+    figure = Figure(figsize=(4.6 * columns, 3.4 * grid_rows + 0.5), dpi=150, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes_grid = figure.subplots(grid_rows, columns, squeeze=False)
+    for axes, (dataset, alpha) in zip(axes_grid.flat, panels):
+        panel = bands[(bands["dataset"] == dataset) & (bands["alpha"] == alpha)]
+        for row, curve in panel.groupby("row"):
+            curve = curve.sort_values("x")
+            x, mean, std = curve["x"].to_numpy(), curve["mean"].to_numpy(), curve["std"].fillna(0).to_numpy()
+            axes.plot(x, mean, color=colours[row], label=row, linewidth=1.6, linestyle=styles[row][0],
+                      marker=styles[row][1] if len(x) <= 25 else None, markersize=3.5, markerfacecolor="none")
+            axes.fill_between(x, mean - std, mean + std, color=colours[row], alpha=0.18, linewidth=0)
+        axes.set_title(f"{dataset}, α={alpha:g}", fontsize=10)
+        axes.set_xlabel(x_label)
+        axes.set_ylabel(y_label)
+        axes.grid(alpha=0.3)
+    for axes in list(axes_grid.flat)[len(panels):]:
+        axes.set_visible(False)
+    handles = [Line2D([], [], color=colours[row], linewidth=1.6, linestyle=styles[row][0], marker=styles[row][1],
+                      markerfacecolor="none") for row in rows]
+    figure.legend(handles, rows, loc="outside lower center", ncols=min(len(rows), 4), frameon=False)
+    if title:
+        figure.suptitle(title)
+    written = []
+    for path in map(Path, paths):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(path, format=path.suffix[1:].lower() or "png", dpi=150)
+        written.append(path)
+    return written

@@ -1,7 +1,6 @@
 """Build a run from a RunConfig and execute it: data → partition → model → server → results."""
 from __future__ import annotations
 
-import dataclasses
 import platform
 import subprocess
 import sys
@@ -14,13 +13,16 @@ import numpy as np
 import torch
 
 from . import __version__
-from .config import RunConfig, hyperparameters_from, run_identity, run_name, validate
+from .config import (RunConfig, apply_lora_run_defaults, hyperparameters_from, run_identity,
+                     run_name, validate)
 from .data import FederatedData, TensorDataset, load_dataset
 from .engine import Server
 from .errors import ConfigError
 from .metrics import summarize
+from .lora import apply_lora, parse_targets
 from .models import build_model
 from .partition import partition, partition_stats, split_train_test
+from .pretrain import initial_weights, load_initial_weights, public_split
 from .registry import ALGORITHMS
 from .results import RunWriter
 from .seeding import derive_seed, rng_stream
@@ -31,21 +33,28 @@ class Partition:
     train: list[np.ndarray]
     test: list[np.ndarray]
     stats: dict[str, Any]
+    public: np.ndarray  # held out for pretraining, given to no client (--public-frac)
 
     def to_json(self) -> dict[str, Any]:
         return {"train_indices": [s.tolist() for s in self.train],
-                "test_indices": [s.tolist() for s in self.test], "stats": self.stats}
+                "test_indices": [s.tolist() for s in self.test],
+                "public_indices": self.public.tolist(), "stats": self.stats}
 
 
 def make_partition(config: RunConfig, dataset: TensorDataset) -> Partition:
-    """Partition the pooled data (partition stream), then split each client (split stream)."""
+    """Hold out the public fraction (public stream), partition the rest over clients
+    (partition stream), then split each client (split stream)."""
     labels = dataset.labels.numpy()
-    clients = partition(config.partition, labels, config.num_clients,
+    pool, public = public_split(labels, config.public_frac, config.seed)
+    groups = None if dataset.groups is None else np.asarray(dataset.groups)[pool]
+    clients = partition(config.partition, labels[pool], config.num_clients,
                         rng_stream(config.seed, "partition"), alpha=config.alpha,
                         min_size=config.min_size, shards_per_client=config.shards_per_client,
-                        groups=dataset.groups)
+                        groups=groups)
+    clients = [pool[indices] for indices in clients]
     train, test = split_train_test(labels, clients, config.test_frac, rng_stream(config.seed, "split"))
-    return Partition(train, test, partition_stats(labels, train, test, dataset.num_classes))
+    stats = {**partition_stats(labels, train, test, dataset.num_classes), "public_samples": len(public)}
+    return Partition(train, test, stats, public)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -75,23 +84,41 @@ class PreparedRun:
     partition: Partition
     dataset: TensorDataset
     run_dir: Path
+    resolved: dict[str, Any]  # how the model was obtained (backbone, LoRA, defaults applied)
 
 
-def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None) -> PreparedRun:
-    """Validate everything and build the server; nothing is written yet."""
-    validate(config)
+def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None,
+            explicit: set[str] | None = None) -> PreparedRun:
+    """Validate everything and build the server; nothing is written yet.
+
+    ``explicit``: the RunConfig fields the user set (the CLI passes them); a LoRA run takes
+    ``LORA_RUN_DEFAULTS`` for the others. ``None`` (library use): ``config`` is taken as is.
+    """
     server_class = ALGORITHMS.get(config.algo)
     hparams = hyperparameters_from(server_class.hyperparameters, dict(algo_options or {}), config.algo)
+    lora_rank = server_class.lora_rank(config, hparams)
+    resolved: dict[str, Any] = {}
+    if lora_rank is not None and explicit is not None:
+        config, resolved["lora_run_defaults"] = apply_lora_run_defaults(config, explicit)
+    validate(config)
     device = resolve_device(config.device)
     dataset = load_dataset(config.dataset, config.dataset_options())
     split = make_partition(config, dataset)
+    weights, backbone = initial_weights(config, dataset, split.public, device, lora_rank is not None)
     torch.manual_seed(derive_seed(config.seed, "init"))
-    model = build_model(config.model, dataset.input_shape, dataset.num_classes).to(device)
+    model = build_model(config.model, dataset.input_shape, dataset.num_classes,
+                        pretrained=config.pretrained, **config.model_options())
+    resolved["backbone"] = load_initial_weights(model, weights, backbone, config, split.public)
+    if lora_rank is not None:
+        adapted = apply_lora(model, lora_rank, config.lora_alpha, parse_targets(config.lora_targets),
+                             server_class.lora_layer_class)
+        resolved["lora"] = {"rank": lora_rank, "alpha": config.lora_alpha, "adapted_layers": adapted}
+    model.to(device)
     data = FederatedData(dataset, split.train, split.test, device)
     server = server_class(config, hparams, model, data)
     torch.manual_seed(derive_seed(config.seed, "train"))  # dropout and friends during training
     run_dir = Path(config.out) / "runs" / run_name(config, hparams)
-    return PreparedRun(config, server, split, dataset, run_dir)
+    return PreparedRun(config, server, split, dataset, run_dir, resolved)
 
 
 def config_record(prepared: PreparedRun, plugins: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -110,6 +137,8 @@ def config_record(prepared: PreparedRun, plugins: tuple[str, ...] = ()) -> dict[
             "model_parameters": sum(p.numel() for p in server.model.parameters()),
             "shared_parameters": sum(server.state[n].numel() for n in server.shared_names),
             "private_parameters": sum(server.state[n].numel() for n in server.private_names),
+            **prepared.resolved,
+            **server.run_info(),
         },
         "versions": {"pflbench": __version__, "python": platform.python_version(),
                      "torch": torch.__version__, "numpy": np.__version__},
@@ -132,6 +161,10 @@ def execute(prepared: PreparedRun, on_round: Callable[[dict[str, Any]], None] | 
         if on_round is not None:
             on_round(record)
 
+    before: dict[str, Any] = {}
+    if prepared.resolved["backbone"]["source"] != "random init":  # what fine-tuning starts from
+        metrics, _ = prepared.server.evaluate()
+        before = {"backbone_pers_acc": metrics["pers_acc"], "backbone_global_acc": metrics["global_acc"]}
     started = time.perf_counter()
     try:
         client_accuracy = prepared.server.run(record_round)
@@ -145,7 +178,7 @@ def execute(prepared: PreparedRun, on_round: Callable[[dict[str, Any]], None] | 
         for k in range(config.num_clients)])
     summary = {"algo": config.algo, "dataset": config.dataset, "alpha": config.alpha,
                "partition": config.partition, "seed": config.seed, "num_clients": config.num_clients,
-               "model": config.model, **summarize(records),
+               "model": config.model, **summarize(records), **before,
                "wall_time_s": time.perf_counter() - started, "run_dir": str(prepared.run_dir)}
     writer.write_summary(summary)
     return summary
@@ -154,7 +187,3 @@ def execute(prepared: PreparedRun, on_round: Callable[[dict[str, Any]], None] | 
 def run_experiment(config: RunConfig, algo_options: dict[str, Any] | None = None,
                    on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     return execute(prepare(config, algo_options), on_round)
-
-
-def replace(config: RunConfig, **changes: Any) -> RunConfig:
-    return dataclasses.replace(config, **changes)

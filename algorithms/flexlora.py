@@ -1,0 +1,200 @@
+"""FlexLoRA — Bai et al., "Federated Fine-tuning of Large Language Models under Heterogeneous
+Tasks and Client Resources", NeurIPS 2024 (arXiv:2402.11505).
+
+LoRA fine-tuning where client k has its own rank r_k (``--rank-dist``, drawn once from the
+``ranks`` stream). Backbone frozen, LoRA on ``--lora-targets``, classifier head trained and
+averaged FedAvg-style. Per adapted layer the server forms the full-size
+ΔW = Σ_k (n_k/Σn)·s_k·B_k·A_k (s_k = α/r_k), takes U, S, Vᵀ = SVD(ΔW) and sends client k
+B = U[:, :r]·diag(S[:r]) / s_r, A = Vᵀ[:r] (r = r_k), so s_r·B·A is the best rank-r
+approximation of ΔW. Clients upload only their rank-r_k factors.
+
+The server keeps the factors at the run's largest rank R; client k gets their first r_k
+components rescaled (``truncate_factors``), so the SVD runs once per layer per round. The global
+model (``global_acc``) is the rank-R approximation.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from pflbench.config import RunConfig, option
+from pflbench.engine import Client, ClientUpdate, Server, Tensors, weighted_average
+from pflbench.errors import ConfigError
+from pflbench.lora import lora_layers
+from pflbench.registry import register_algorithm
+from pflbench.seeding import rng_stream
+
+RANK_DISTRIBUTIONS = ("homo", "uniform", "heavy-tail")
+DEFAULT_HOMO_RANK = 8
+HEAVY_TAIL_SMALLEST = 0.8  # share of clients with the smallest rank under heavy-tail
+
+
+def aggregate_lora_deltas(factors: Sequence[tuple[torch.Tensor, torch.Tensor, float]],
+                          weights: Sequence[float]) -> torch.Tensor:
+    """ΔW = Σ_k w_k·s_k·B_k·A_k [out, in] from (A_k [r_k, in], B_k [out, r_k], s_k): one matmul."""
+    scaled_B = torch.cat([B * (w * s) for (_, B, s), w in zip(factors, weights)], dim=1)
+    return scaled_B @ torch.cat([A for A, _, _ in factors], dim=0)
+
+
+def factors_from_svd(U: torch.Tensor, S: torch.Tensor, Vh: torch.Tensor, rank: int,
+                     alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, A) = (U[:, :r]·diag(S[:r]) / s_r, Vᵀ[:r]) with s_r = α/r, so s_r·B·A = U_r S_r V_rᵀ."""
+    return U[:, :rank] * (S[:rank] * (rank / alpha)), Vh[:rank]
+
+
+def svd_redistribute(delta: torch.Tensor, rank: int, alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank-r LoRA factors (B [out, r], A [r, in]) whose s_r·B·A best approximates ``delta``."""
+    U, S, Vh = torch.linalg.svd(delta, full_matrices=False)
+    return factors_from_svd(U, S, Vh, rank, alpha)
+
+
+def truncate_factors(B: torch.Tensor, A: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank-r factors from rank-R ones of ``factors_from_svd``: (B[:, :r]·r/R, A[:r]), as s_r = α/r."""
+    return B[:, :rank] * (rank / B.shape[1]), A[:rank]
+
+
+def spectral_energy_kept(S: torch.Tensor, rank: int) -> float:
+    """Σ_{i<r} S_i² / Σ_i S_i²: the share of ‖ΔW‖²_F a rank-r client receives (1 if ΔW = 0)."""
+    energy = S.double().pow(2)
+    total = float(energy.sum())
+    return float(energy[:rank].sum()) / total if total > 0 else 1.0
+
+
+def parse_ranks(text: str, flag: str) -> list[int]:
+    """``"4,8,16,32"`` → ``[4, 8, 16, 32]``; ConfigError unless every entry is an int ≥ 1."""
+    try:
+        ranks = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        ranks = []
+    if not ranks or min(ranks) < 1:
+        raise ConfigError(f"{flag} {text!r} is not comma-separated ranks ≥ 1 (e.g. 4,8,16,32)"
+                          + (f" nor one of {', '.join(RANK_DISTRIBUTIONS)}" if flag == "--rank-dist" else ""))
+    return ranks
+
+
+def client_ranks(rank_dist: str, rank_set: Sequence[int], num_clients: int, homo_rank: int,
+                 rng: np.random.Generator) -> list[int]:
+    """r_k per client. homo: all ``homo_rank``; uniform: i.i.d. over ``rank_set``; heavy-tail:
+    round(0.8·K) clients get the smallest rank and the rest cycle over the larger ones, in random
+    client order; an explicit list "r0,r1,...": client k gets entry k mod its length."""
+    if rank_dist == "homo":
+        return [homo_rank] * num_clients
+    if rank_dist == "uniform":
+        return [int(r) for r in rng.choice(rank_set, size=num_clients)]
+    if rank_dist == "heavy-tail":
+        ordered = sorted(set(rank_set))
+        larger = ordered[1:] or ordered
+        small = round(HEAVY_TAIL_SMALLEST * num_clients)
+        ranks = [ordered[0]] * small + [larger[i % len(larger)] for i in range(num_clients - small)]
+        return [ranks[i] for i in rng.permutation(num_clients)]
+    listed = parse_ranks(rank_dist, "--rank-dist")
+    return [listed[k % len(listed)] for k in range(num_clients)]
+
+
+@dataclass(frozen=True)
+class FlexLoRAHyperparameters:
+    rank_dist: str = option("uniform", "Client LoRA ranks: homo (all --lora-rank, default 8), uniform "
+                            "over --rank-set, heavy-tail (80% the smallest rank, the rest spread over "
+                            "the larger ones), or a list r0,r1,... (client k gets entry k mod length).")
+    rank_set: str = option("4,8,16,32", "Ranks drawn by --rank-dist uniform / heavy-tail.")
+
+    def validate(self) -> None:
+        parse_ranks(self.rank_set, "--rank-set")
+        if self.rank_dist not in RANK_DISTRIBUTIONS:
+            parse_ranks(self.rank_dist, "--rank-dist")
+
+    def possible_ranks(self, lora_rank: int | None) -> list[int]:
+        if self.rank_dist == "homo":
+            return [lora_rank or DEFAULT_HOMO_RANK]
+        if lora_rank is not None:
+            raise ConfigError(f"--lora-rank is the rank of --rank-dist homo; with --rank-dist "
+                              f"{self.rank_dist} the ranks come from --rank-set / the list")
+        if self.rank_dist in RANK_DISTRIBUTIONS:
+            return parse_ranks(self.rank_set, "--rank-set")
+        return parse_ranks(self.rank_dist, "--rank-dist")
+
+
+class FlexLoRAClient(Client):
+    def upload(self, state: Tensors, received: Tensors) -> Tensors:
+        """Only the client's own rank: each tensor cut to the shape it received (A[:r], B[:, :r])."""
+        return {name: state[name][tuple(slice(0, n) for n in received[name].shape)].detach().clone()
+                for name in self.server.shared_names}
+
+
+@register_algorithm("flexlora")
+class FlexLoRA(Server):
+    """LoRA with per-client ranks; full-size ΔW averaged, SVD-truncated to each client's rank."""
+
+    hyperparameters = FlexLoRAHyperparameters
+    client_class = FlexLoRAClient
+
+    @classmethod
+    def lora_rank(cls, config: RunConfig, hparams: FlexLoRAHyperparameters) -> int:
+        return max(hparams.possible_ranks(config.lora_rank))
+
+    def __init__(self, config: RunConfig, hparams: FlexLoRAHyperparameters, model, data) -> None:
+        super().__init__(config, hparams, model, data)
+        self.layers = lora_layers(model)
+        self.max_rank = self.lora_rank(config, hparams)
+        self.ranks = client_ranks(hparams.rank_dist, hparams.possible_ranks(config.lora_rank),
+                                  config.num_clients, config.lora_rank or DEFAULT_HOMO_RANK,
+                                  rng_stream(config.seed, "ranks"))
+        factors = {f"{name}.lora_{part}" for name in self.layers for part in "AB"}
+        self.head_names = [n for n in self.shared_names if n not in factors]
+        self.diagnostics: dict[str, Any] = {}
+
+    def run_info(self) -> dict[str, Any]:
+        return {"client_ranks": self.ranks, "lora_max_rank": self.max_rank}
+
+    def clients_share_one_model(self) -> bool:
+        return len(set(self.ranks)) == 1 and not self.private_names
+
+    def broadcast(self, client_id: int) -> Tensors:
+        sent = dict(self.global_state)
+        for name in self.layers:
+            sent[f"{name}.lora_B"], sent[f"{name}.lora_A"] = truncate_factors(
+                self.global_state[f"{name}.lora_B"], self.global_state[f"{name}.lora_A"], self.ranks[client_id])
+        return sent
+
+    @torch.no_grad()
+    def load_client(self, client_id: int, received: Tensors) -> None:
+        """Rank r_k: A[:r], B[:, :r] from ``received``, the unused components zero."""
+        rank = self.ranks[client_id]
+        for name, layer in self.layers.items():
+            layer.set_active_rank(rank)
+            layer.lora_A.zero_()[:rank].copy_(received[f"{name}.lora_A"])
+            layer.lora_B.zero_()[:, :rank].copy_(received[f"{name}.lora_B"])
+        super().load_client(client_id, {n: received[n] for n in self.head_names})
+
+    def load_global_model(self) -> None:
+        for layer in self.layers.values():
+            layer.set_active_rank(self.max_rank)
+        super().load_global_model()
+
+    @torch.no_grad()
+    def aggregate(self, updates: list[ClientUpdate]) -> None:
+        if not updates:
+            return
+        total = sum(u.num_samples for u in updates)
+        weights = [u.num_samples / total for u in updates]
+        self.load_into(self.global_state, weighted_average(
+            [{n: u.params[n] for n in self.head_names} for u in updates], weights))
+        started = time.perf_counter()
+        alpha, energy = self.config.lora_alpha, {r: [] for r in sorted(set(self.ranks))}
+        for name in self.layers:
+            factors = [(u.params[f"{name}.lora_A"], u.params[f"{name}.lora_B"],
+                        alpha / u.params[f"{name}.lora_A"].shape[0]) for u in updates]
+            U, S, Vh = torch.linalg.svd(aggregate_lora_deltas(factors, weights), full_matrices=False)
+            B, A = factors_from_svd(U, S, Vh, self.max_rank, alpha)
+            self.load_into(self.global_state, {f"{name}.lora_B": B, f"{name}.lora_A": A})
+            for rank, kept in energy.items():
+                kept.append(spectral_energy_kept(S, rank))
+        self.diagnostics = {"server_svd_time_s": time.perf_counter() - started,
+                            **{f"energy_kept_r{r}": float(np.mean(v)) for r, v in energy.items()}}
+
+    def round_diagnostics(self, updates: list[ClientUpdate]) -> dict[str, Any]:
+        return {"ranks": [self.ranks[u.client_id] for u in updates], **self.diagnostics}

@@ -1,0 +1,243 @@
+"""Sweeps: a grid over algorithms × datasets × α × seeds × ``--set`` axes, run one by one.
+
+``expand_grid`` is a pure function (grid → list of runs, validated up front); ``run_sweep``
+executes them through ``runner.prepare/execute``. A run whose folder already holds
+``summary.json`` is skipped, so rerunning a sweep resumes it; a run that raises gets an
+``error.json`` in its folder and the sweep goes on. Every algorithm sees the same partition and
+client sequence for a given seed because both are drawn from the seed's own random streams.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import time
+import traceback
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from .config import RunConfig, field_types, hyperparameters_from, run_name, validate
+from .errors import ConfigError
+from .registry import ALGORITHMS, DATASETS
+from .results import write_json
+from .runner import execute, prepare, resolve_device
+
+GRID_FIELDS = ("algo", "dataset", "alpha", "seed")
+NOT_AXES = (*GRID_FIELDS, "out")
+TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+@dataclass
+class Grid:
+    """The swept values; ``axes`` maps a ``--set`` name (run option or hyperparameter) to its values."""
+
+    algos: tuple[str, ...]
+    datasets: tuple[str, ...]
+    alphas: tuple[float, ...]
+    seeds: tuple[int, ...]
+    axes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"algos": list(self.algos), "datasets": list(self.datasets), "alphas": list(self.alphas),
+                "seeds": list(self.seeds), "set": {k: list(v) for k, v in self.axes.items()}}
+
+
+@dataclass
+class SweepRun:
+    """One cell of the grid: its config, algorithm options, the --set values it got, its folder name."""
+
+    config: RunConfig
+    algo_options: dict[str, Any]
+    overrides: dict[str, Any]
+    name: str
+    status: str = "pending"
+    error: str | None = None
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.out) / "runs" / self.name
+
+    def describe(self) -> str:
+        extra = "".join(f" {k}={v}" for k, v in self.overrides.items())
+        c = self.config
+        return f"{c.algo} {c.dataset} α={c.alpha:g} seed={c.seed}{extra}"
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.config
+        return {"name": self.name, "algo": c.algo, "dataset": c.dataset, "alpha": c.alpha, "seed": c.seed,
+                "set": self.overrides, "status": self.status, "error": self.error}
+
+
+def split_values(text: str, convert: Callable[[str], Any], flag: str) -> tuple[Any, ...]:
+    """``"a,b,a"`` → ``(convert("a"), convert("b"))``: comma-separated, stripped, de-duplicated."""
+    values: list[Any] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        try:
+            value = convert(item)
+        except ValueError as error:
+            raise ConfigError(f"{flag}: {item!r} is not a valid {convert.__name__}") from error
+        if value not in values:
+            values.append(value)
+    if not values:
+        raise ConfigError(f"{flag} needs at least one value")
+    return tuple(values)
+
+
+def parse_sets(items: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """``("mu=0.01,0.1", "lr=0.05")`` → ``{"mu": ("0.01", "0.1"), "lr": ("0.05",)}``."""
+    axes: dict[str, tuple[str, ...]] = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        name = name.strip().lstrip("-").replace("-", "_")
+        if not sep or not name:
+            raise ConfigError(f"--set {item!r} is not NAME=VALUE[,VALUE...]")
+        if name in axes:
+            raise ConfigError(f"--set {name} is given twice")
+        if name in NOT_AXES:
+            hint = f"use --{name}s" if name in GRID_FIELDS else "it is shared by the whole sweep"
+            raise ConfigError(f"--set {name}: {name} cannot be a --set axis ({hint})")
+        axes[name] = split_values(values, str, f"--set {name}")
+    return axes
+
+
+def parse_value(value: Any, annotation: Any, name: str) -> Any:
+    """A --set string converted to a dataclass field's type (``X | None``, bool, tuple[str, ...])."""
+    if not isinstance(value, str):
+        return value
+    args = typing.get_args(annotation)
+    if type(None) in args:
+        if value.lower() in ("none", "null"):
+            return None
+        annotation = next(a for a in args if a is not type(None))
+    if typing.get_origin(annotation) is tuple:
+        return (value,)
+    if annotation is bool:
+        if value.lower() not in TRUE_WORDS + FALSE_WORDS:
+            raise ConfigError(f"--set {name}: {value!r} is not a boolean (true/false)")
+        return value.lower() in TRUE_WORDS
+    try:
+        return annotation(value)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"--set {name}: {value!r} is not a valid {annotation.__name__}") from error
+
+
+def _typed_axes(axes: dict[str, tuple[Any, ...]], cls: type, names: Iterable[str]) -> dict[str, tuple[Any, ...]]:
+    hints = field_types(cls)
+    choices = {f.name: f.metadata.get("choices") for f in dataclasses.fields(cls)}
+    typed = {}
+    for name in names:
+        typed[name] = tuple(parse_value(v, hints[name], name) for v in axes[name])
+        allowed = choices[name]
+        bad = [v for v in typed[name] if allowed and v not in allowed]
+        if bad:
+            raise ConfigError(f"--set {name}: {bad[0]!r} is not one of: {', '.join(allowed)}")
+    return typed
+
+
+def _check_axis_names(axes: dict[str, Any], algos: tuple[str, ...], run_fields: set[str]) -> None:
+    """Every axis must be a run option or a hyperparameter of at least one algorithm of the grid."""
+    hyperparameters = {a: {f.name for f in dataclasses.fields(ALGORITHMS.get(a).hyperparameters)} for a in algos}
+    for name in axes:
+        if name not in run_fields and not any(name in names for names in hyperparameters.values()):
+            owned = sorted({f"{n} ({a})" for a, names in hyperparameters.items() for n in names})
+            raise ConfigError(f"{name!r} is neither a run option nor a hyperparameter of "
+                              f"{', '.join(algos)}; hyperparameters: {', '.join(owned) or 'none'}")
+
+
+def _product(axes: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
+    return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+
+
+def expand_grid(base: RunConfig, grid: Grid) -> list[SweepRun]:
+    """Every combination, validated: dataset × α × seed × run axes, then each algorithm × its own
+    hyperparameter axes (a hyperparameter only multiplies the algorithms that have it)."""
+    for name in grid.datasets:
+        DATASETS.get(name)
+    run_fields = {f.name for f in dataclasses.fields(RunConfig)}
+    _check_axis_names(grid.axes, grid.algos, run_fields)
+    run_axes = _typed_axes(grid.axes, RunConfig, [n for n in grid.axes if n in run_fields])
+    hyperparameter_classes = {algo: ALGORITHMS.get(algo).hyperparameters for algo in grid.algos}
+    algo_axes = {algo: _product(_typed_axes(grid.axes, cls, [f.name for f in dataclasses.fields(cls)
+                                                             if f.name in grid.axes]))
+                 for algo, cls in hyperparameter_classes.items()}
+    runs: dict[str, SweepRun] = {}
+    for dataset, alpha, seed, run_values in itertools.product(grid.datasets, grid.alphas, grid.seeds,
+                                                              _product(run_axes)):
+        for algo in grid.algos:
+            for algo_values in algo_axes[algo]:
+                config = dataclasses.replace(base, algo=algo, dataset=dataset, alpha=alpha, seed=seed,
+                                             **run_values)
+                validate(config)
+                resolve_device(config.device)
+                hparams = hyperparameters_from(hyperparameter_classes[algo], algo_values, algo)
+                name = run_name(config, hparams)
+                runs.setdefault(name, SweepRun(config, algo_values, {**run_values, **algo_values}, name))
+    return list(runs.values())
+
+
+def sweep_record_path(out: str | Path, grid: Grid, base: RunConfig) -> Path:
+    """``OUT/sweeps/<YYYYmmdd-HHMMSS>-<hash of grid and shared options>.json``."""
+    identity = json.dumps([grid.to_json(), dataclasses.asdict(base)], sort_keys=True, default=str)
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
+    return Path(out) / "sweeps" / f"{time.strftime('%Y%m%d-%H%M%S')}-{digest}.json"
+
+
+def _write_record(path: Path, grid: Grid, base: RunConfig, runs: list[SweepRun]) -> None:
+    shared = {k: v for k, v in dataclasses.asdict(base).items() if k not in GRID_FIELDS}
+    write_json(path, {"grid": grid.to_json(), "shared": shared, "counts": count_statuses(runs),
+                      "runs": [r.to_json() for r in runs]})
+
+
+def count_statuses(runs: list[SweepRun]) -> dict[str, int]:
+    counts = {s: 0 for s in ("done", "skipped", "failed", "interrupted", "pending")}
+    for run in runs:
+        counts[run.status] += 1
+    return counts
+
+
+def write_error(run: SweepRun, error: BaseException) -> None:
+    """``error.json`` in the run folder: type, message, traceback and the run's settings."""
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run.run_dir / "error.json", {
+        "error_type": type(error).__name__, "message": str(error),
+        "traceback": "".join(traceback.format_exception(error)),
+        "config": {**dataclasses.asdict(run.config), "algo_options": run.algo_options}})
+
+
+def run_one(run: SweepRun, plugins: tuple[str, ...]) -> dict[str, Any]:
+    (run.run_dir / "error.json").unlink(missing_ok=True)
+    return execute(prepare(run.config, run.algo_options), plugins=plugins)
+
+
+def run_sweep(runs: list[SweepRun], record: Path, grid: Grid, base: RunConfig, plugins: tuple[str, ...] = (),
+              report: Callable[[int, SweepRun, dict[str, Any] | None], None] | None = None) -> None:
+    """Run (or skip) each run, rewriting the sweep record ``record`` after each.
+
+    A KeyboardInterrupt marks the current run ``interrupted`` (its folder lacks summary.json,
+    so the next sweep redoes it), writes the record and propagates.
+    """
+    record.parent.mkdir(parents=True, exist_ok=True)
+    _write_record(record, grid, base, runs)
+    for index, run in enumerate(runs):
+        summary = None
+        if (run.run_dir / "summary.json").is_file():
+            run.status = "skipped"
+        else:
+            try:
+                summary = run_one(run, plugins)
+                run.status = "done"
+            except KeyboardInterrupt:
+                run.status = "interrupted"
+                _write_record(record, grid, base, runs)
+                raise
+            except Exception as error:  # one broken run must not stop the sweep
+                run.status, run.error = "failed", f"{type(error).__name__}: {error}"
+                write_error(run, error)
+        _write_record(record, grid, base, runs)
+        if report is not None:
+            report(index, run, summary)
