@@ -59,8 +59,8 @@ class RunConfig:
         "auto", "Initial weights: auto = --weights/--pretrained if given, else LoRA runs pretrain on the "
         "public fraction and other runs start at random; public = pretrain on the public fraction "
         "(cached); random = random init.", choices=("auto", "public", "random"))
-    pretrain_epochs: int = option(40, "Epochs of central pretraining on the public fraction.")
-    pretrain_lr: float = option(1e-3, "Adam learning rate of the public pretraining.")
+    pretrain_epochs: int = option(60, "Epochs of central pretraining on the public fraction.")
+    pretrain_lr: float = option(1e-3, "AdamW learning rate of the public pretraining.")
     lora_rank: int | None = option(None, "LoRA rank r: freeze the backbone and train LoRA on "
                                    "--lora-targets plus the head (any algorithm).")
     lora_alpha: float = option(16.0, "LoRA α; the low-rank update is scaled by α/r.")
@@ -97,7 +97,7 @@ class RunConfig:
 # on a public fraction of the data (SPEC §4, "Backbone for LoRA methods").
 LORA_RUN_DEFAULTS: dict[str, Any] = {
     "model": "vit_tiny_patch16_224",
-    "model_option": ("depth=6",),
+    "model_option": ("depth=6", "embed_dim=64", "num_heads=4"),
     "public_frac": 0.2,
     "optimizer": "adam",
     "lr": 1e-3,

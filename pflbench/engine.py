@@ -53,7 +53,8 @@ class ClientUpdate:
     client_id: int
     num_samples: int
     params: Tensors  # exactly what the client uploaded
-    loss_terms: dict[str, float]  # mean over local steps, per named term
+    loss_terms: dict[str, float]  # mean over local steps of each named term (unweighted)
+    loss: float = float("nan")  # mean over local steps of the minimised (weighted) total
 
 
 def tensor_bytes(tensors: Tensors) -> int:
@@ -105,6 +106,8 @@ class Client:
         self.server = server
         self.config: RunConfig = server.config
         self.hparams = server.hparams
+        self.loss_weights: dict[str, float] = {}  # loss = Σ weight·term (default weight 1)
+        self.max_grad_norm: float | None = self.config.max_grad_norm
 
     def local_phases(self) -> list[LocalPhase]:
         """Default: ``--local-epochs`` epochs over every trainable parameter."""
@@ -112,7 +115,9 @@ class Client:
 
     def loss_terms(self, forward: Forward, params: Tensors, inputs: torch.Tensor,
                    targets: torch.Tensor, received: Tensors) -> dict[str, torch.Tensor]:
-        """Named loss terms whose sum is minimised. ``received`` is what the server sent."""
+        """Named loss terms; Σ ``loss_weights[name]``·term is minimised and each term is logged.
+
+        ``received`` is what the server sent."""
         return {"task": F.cross_entropy(forward(params, inputs), targets)}
 
     def make_optimizer(self, params: dict[str, nn.Parameter]) -> torch.optim.Optimizer:
@@ -181,6 +186,10 @@ class Server:
     def round_diagnostics(self, updates: list[ClientUpdate]) -> dict[str, Any]:
         return {}
 
+    def final_report(self) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+        """After the last round: extra summary.json entries and extra clients.csv columns."""
+        return {}, {}
+
     def run_info(self) -> dict[str, Any]:
         """Settings the algorithm resolved at start (recorded in config.json)."""
         return {}
@@ -221,6 +230,7 @@ class Server:
         generator = torch.Generator().manual_seed(derive_seed(self.config.seed, "train", round_index, client_id))
         params, client, config = self.parameters, self.client, self.config
         sums: dict[str, torch.Tensor] = {}
+        total = torch.zeros((), device=self.data.device)
         steps = 0
         self.model.train()
         for phase in client.local_phases():
@@ -231,12 +241,13 @@ class Server:
             for _ in range(phase.epochs):
                 for inputs, targets in self.data.train_batches(client_id, config.batch_size, generator):
                     terms = client.loss_terms(self.forward, params, inputs, targets, received)
-                    loss = sum(terms.values())
+                    loss = sum(client.loss_weights.get(n, 1.0) * t for n, t in terms.items())
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
-                    if config.max_grad_norm is not None:
-                        torch.nn.utils.clip_grad_norm_(trainable.values(), config.max_grad_norm)
+                    if client.max_grad_norm is not None:
+                        torch.nn.utils.clip_grad_norm_(trainable.values(), client.max_grad_norm)
                     optimizer.step()
+                    total += loss.detach()
                     for name, value in terms.items():
                         sums[name] = sums[name] + value.detach() if name in sums else value.detach()
                     steps += 1
@@ -244,10 +255,11 @@ class Server:
             params[name].requires_grad_(True)
         if self.private_names:
             self.store.put(client_id, {n: self.state[n] for n in self.private_names})
-        means = {n: v / steps for n, v in sums.items()}
-        loss_terms = dict(zip(means, torch.stack(list(means.values())).tolist())) if means else {}
+        means = torch.stack([total, *sums.values()]).div(max(steps, 1)).tolist()
+        loss_terms = dict(zip(sums, means[1:])) if steps else {}
         return ClientUpdate(client_id, self.data.num_train[client_id],
-                            client.upload(self.state, received), loss_terms)
+                            client.upload(self.state, received), loss_terms,
+                            means[0] if steps else float("nan"))
 
     @torch.no_grad()
     def _count_correct(self, indices: torch.Tensor, batch: int = 1024) -> torch.Tensor:
@@ -320,7 +332,7 @@ def mean_loss_terms(updates: list[ClientUpdate]) -> dict[str, float]:
     if not updates:
         return {"train_loss": float("nan")}
     names = list(updates[0].loss_terms)
-    result = {"train_loss": float(np.mean([sum(u.loss_terms.values()) for u in updates]))}
+    result = {"train_loss": float(np.mean([u.loss for u in updates]))}
     if len(names) > 1:
         result.update({f"loss_{n}": float(np.mean([u.loss_terms[n] for u in updates])) for n in names})
     return result

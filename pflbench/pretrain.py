@@ -2,8 +2,9 @@
 
 LoRA adapts a *pretrained* frozen backbone; on a random one it barely learns (SPEC §4). Offline,
 a label-stratified ``--public-frac`` of the pooled data is held out (``public_split``; no client
-ever gets it), the full model is trained on it centrally (Adam, ``--pretrain-epochs``,
-``--pretrain-lr``; a stratified 20% of the public data is kept back to report its accuracy), and
+ever gets it), the full model is trained on it centrally (AdamW, weight decay 0.05, batch 16,
+``--pretrain-epochs``, ``--pretrain-lr``: small ViTs on a few hundred images need the small
+batches and the decay; a stratified 20% of the public data is kept back to report accuracy), and
 the weights are cached in ``$PFLBENCH_CACHE/backbones/`` under a hash of everything that
 determines them (``backbone_key``). Runs then load that file exactly like ``--weights``.
 """
@@ -27,7 +28,8 @@ from .models import build_model, load_weights
 from .partition import split_train_test
 from .seeding import derive_seed, rng_stream
 
-PRETRAIN_BATCH_SIZE = 32
+PRETRAIN_BATCH_SIZE = 16
+PRETRAIN_WEIGHT_DECAY = 0.05
 PRETRAIN_VAL_FRAC = 0.2
 PRETRAIN_FORMAT_VERSION = 1
 
@@ -53,7 +55,8 @@ def backbone_key(config: RunConfig, dataset: TensorDataset, public: np.ndarray) 
             "model": config.model, "model_options": config.model_options(),
             "public_frac": config.public_frac, "seed": config.seed,
             "public_indices": indices_digest(public), "epochs": config.pretrain_epochs,
-            "lr": config.pretrain_lr, "batch_size": PRETRAIN_BATCH_SIZE, "val_frac": PRETRAIN_VAL_FRAC}
+            "lr": config.pretrain_lr, "batch_size": PRETRAIN_BATCH_SIZE,
+            "weight_decay": PRETRAIN_WEIGHT_DECAY, "val_frac": PRETRAIN_VAL_FRAC}
 
 
 @dataclass
@@ -67,8 +70,8 @@ class PretrainedBackbone:
 
 def train_centrally(model: nn.Module, data: FederatedData, epochs: int, lr: float,
                     generator: torch.Generator) -> None:
-    """``epochs`` of Adam on cross-entropy over ``data``'s one train split (client 0)."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    """``epochs`` of AdamW on cross-entropy over ``data``'s one train split (client 0)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=PRETRAIN_WEIGHT_DECAY)
     model.train()
     for _ in range(epochs):
         for inputs, targets in data.train_batches(0, PRETRAIN_BATCH_SIZE, generator):
@@ -133,7 +136,7 @@ def initial_weights(config: RunConfig, dataset: TensorDataset, public: np.ndarra
     return backbone.path, {
         "source": (f"pretrained on public fraction {config.public_frac:g} of {config.dataset} "
                    f"({backbone.num_train} train / {backbone.num_val} held-back samples, "
-                   f"{config.pretrain_epochs} epochs, Adam lr {config.pretrain_lr:g}), cached at {backbone.path}"),
+                   f"{config.pretrain_epochs} epochs, AdamW lr {config.pretrain_lr:g}), cached at {backbone.path}"),
         "public_val_acc": backbone.val_accuracy,
         "cache": "hit" if backbone.from_cache else "created"}
 

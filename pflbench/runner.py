@@ -172,13 +172,15 @@ def execute(prepared: PreparedRun, on_round: Callable[[dict[str, Any]], None] | 
         writer.close()
     config = prepared.config
     stats = prepared.partition.stats
+    report, client_columns = prepared.server.final_report()
     writer.write_clients([
         {"client": k, "train_samples": stats["train_samples"][k], "test_samples": stats["test_samples"][k],
-         "classes": stats["classes_per_client"][k], "pers_acc": float(client_accuracy[k])}
+         "classes": stats["classes_per_client"][k], "pers_acc": float(client_accuracy[k]),
+         **{column: values[k] for column, values in client_columns.items()}}
         for k in range(config.num_clients)])
     summary = {"algo": config.algo, "dataset": config.dataset, "alpha": config.alpha,
                "partition": config.partition, "seed": config.seed, "num_clients": config.num_clients,
-               "model": config.model, **summarize(records), **before,
+               "model": config.model, **summarize(records), **before, **report,
                "wall_time_s": time.perf_counter() - started, "run_dir": str(prepared.run_dir)}
     writer.write_summary(summary)
     return summary

@@ -92,7 +92,8 @@ def test_bytes_are_counted_from_the_tensors_sent() -> None:
 def test_same_seed_gives_same_client_sequence_for_every_algorithm() -> None:
     sequences = {}
     for algo in ALGORITHMS.names():
-        config = RunConfig(algo=algo, model="mlp", num_clients=10, frac=0.3, rounds=1, out="unused")
+        config = RunConfig(algo=algo, model="mlp", num_clients=10, frac=0.3, rounds=1, out="unused",
+                           lora_targets="fc1,fc2", backbone="random")  # LoRA algorithms: the mlp's body
         server = prepare(config).server
         sequences[algo] = [server.sample_clients() for _ in range(5)]
     first = next(iter(sequences.values()))

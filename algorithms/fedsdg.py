@@ -1,0 +1,281 @@
+"""FedSDG — Federated Structure-Decoupled Gating (design notes: seeds 000_*, 001_*; SPEC §4).
+
+LoRA fine-tuning of a frozen pretrained transformer. Every adapted layer in block l carries a
+shared pair (A, B) and a private pair (A_p, B_p) of the same shapes; block l has one gate
+logit a_l (``lambda_k_logit``), m_l = sigmoid(a_l), init a = 0 → m = 0.5. The layer computes
+W + s·(B·A + m_l·B_p·A_p), s = α/r. θ_g = shared LoRA + head travels; θ_p and the gates stay
+on the client forever.
+
+Local loss: CE + λ₁·Σ_l |m_l| (or Σ_l min(m_l, 1 − m_l) with ``--gate-penalty bilateral``)
++ λ₂·‖θ_p‖²; Adam with three groups (shared ``--lr``, private ``--lr-private``, gates
+``--lr-gate``), no weight decay, gradient clipping. Server: alignment-weighted aggregation of
+the shared updates (``fedsdg_server_aggregate``), or plain FedAvg with ``--server-agg fedavg``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from pflbench.config import RunConfig, option
+from pflbench.engine import Client, ClientUpdate, Server, Tensors
+from pflbench.errors import ConfigError
+from pflbench.lora import LoRALinear, lora_layers
+from pflbench.registry import register_algorithm
+
+DEFAULT_RANK = 8
+PRIVATE_B_INIT_STD = 1e-4  # B_p small and A_p = 0: ΔW_p = 0, ‖θ_p‖² ≈ 0, A_p still gets gradient
+FALLBACK_THRESHOLD = 1e-6
+
+
+def alignment_weights(deltas_dot_mean: torch.Tensor, delta_norms: torch.Tensor,
+                      mean_norm: torch.Tensor, epsilon: float = 1e-8) -> tuple[torch.Tensor, bool]:
+    """w_k = α_k / (Σ_j α_j + ε), α_k = max(0, ⟨Δ_k, Δ̄⟩ / (‖Δ_k‖·‖Δ̄‖ + ε)); uniform if Σα < 1e-6."""
+    scores = (deltas_dot_mean / (delta_norms * mean_norm + epsilon)).clamp_min(0)
+    total = scores.sum()
+    if float(total) < FALLBACK_THRESHOLD:
+        return torch.full_like(scores, 1 / len(scores)), True
+    return scores / (total + epsilon), False
+
+
+@torch.no_grad()
+def fedsdg_server_aggregate(global_params: Tensors, client_params: list[Tensors],
+                            epsilon: float = 1e-8, return_weights: bool = True):
+    """θ ← θ + Σ_k w_k Δ_k over the flattened shared vector, Δ_k = θ_k − θ (seed 001, SPEC §4).
+
+    Streams over the clients (no M × d matrix): Δ̄ = mean_k θ_k − θ; then per client ⟨Δ_k, Δ̄⟩
+    and ‖Δ_k‖ from one temporary Δ_k. No clients: unchanged, []; one client: its params, [1.0].
+    Returns ``(new_params, weights)`` or just ``new_params``.
+    """
+    result, weights, _ = _aggregate(global_params, client_params, epsilon)
+    return (result, weights) if return_weights else result
+
+
+def _aggregate(global_params: Tensors, client_params: list[Tensors],
+               epsilon: float) -> tuple[Tensors, list[float], bool]:
+    names = list(global_params)
+    if not client_params:
+        return {n: global_params[n].clone() for n in names}, [], False
+    if len(client_params) == 1:
+        return {n: client_params[0][n].clone() for n in names}, [1.0], False
+    base = [global_params[n] for n in names]
+    mean_delta = [torch.zeros_like(t) for t in base]
+    for params in client_params:
+        torch._foreach_add_(mean_delta, [params[n] for n in names])
+    torch._foreach_div_(mean_delta, len(client_params))
+    torch._foreach_sub_(mean_delta, base)
+    mean_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(mean_delta)))
+    dots, norms = [], []
+    for params in client_params:
+        delta = torch._foreach_sub([params[n] for n in names], base)
+        dots.append(sum((d * m).sum() for d, m in zip(delta, mean_delta)))
+        norms.append(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(delta))))
+    weights, fell_back = alignment_weights(torch.stack(dots), torch.stack(norms), mean_norm, epsilon)
+    weight_list = weights.tolist()
+    result = [t.clone() for t in base]
+    for params, weight in zip(client_params, weight_list):
+        if weight:
+            delta = torch._foreach_sub([params[n] for n in names], base)
+            torch._foreach_add_(result, delta, alpha=weight)
+    return dict(zip(names, result)), weight_list, fell_back
+
+
+def weight_statistics(weights: list[float]) -> dict[str, float]:
+    """Mean, std, min, max, number of (near-)zero weights and entropy −Σ w log w."""
+    w = np.asarray(weights, dtype=float)
+    positive = w[w > 0]
+    return {"agg_weight_mean": float(w.mean()), "agg_weight_std": float(w.std()),
+            "agg_weight_min": float(w.min()), "agg_weight_max": float(w.max()),
+            "agg_weight_zeros": int((w < FALLBACK_THRESHOLD).sum()),
+            "agg_weight_entropy": float(-(positive * np.log(positive)).sum())}
+
+
+class BlockGate(nn.Module):
+    """One learnable gate logit per transformer block; m = sigmoid(lambda_k_logit)."""
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        super().__init__()
+        self.lambda_k_logit = nn.Parameter(torch.zeros((), device=device))
+
+    def forward(self) -> torch.Tensor:
+        return torch.sigmoid(self.lambda_k_logit)
+
+
+class GatedLoRALinear(LoRALinear):
+    """LoRA with a second, private pair: W + s·(B·A + m·B_p·A_p), m from the block's gate."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float) -> None:
+        super().__init__(base, rank, alpha)
+        self.lora_A_private = nn.Parameter(torch.zeros_like(self.lora_A))
+        self.lora_B_private = nn.Parameter(torch.randn_like(self.lora_B) * PRIVATE_B_INIT_STD)
+        self.__dict__["gate"] = None  # the block's BlockGate, linked (not owned) by attach_gates
+
+    def gate_value(self) -> torch.Tensor:
+        return self.gate()
+
+    def adapter(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.branch(x, self.lora_A, self.lora_B)
+                + self.gate_value() * self.branch(x, self.lora_A_private, self.lora_B_private))
+
+    def delta_weight(self) -> torch.Tensor:
+        return (self.branch_delta(self.lora_A, self.lora_B)
+                + self.gate_value() * self.branch_delta(self.lora_A_private, self.lora_B_private))
+
+
+def attach_gates(model: nn.Module) -> list[str]:
+    """One BlockGate per transformer block (``blocks.N.gate``), linked to its gated layers.
+
+    Layers outside ``blocks.N`` (e.g. an mlp's) get a gate each (``<parent>.<layer>_gate``).
+    Returns the gate modules' names in model order.
+    """
+    gates: dict[str, BlockGate] = {}
+    for name, layer in lora_layers(model).items():
+        parts = name.split(".")
+        if len(parts) > 2 and parts[0] == "blocks" and parts[1].isdigit():
+            owner_name, attribute = ".".join(parts[:2]), "gate"
+        else:
+            owner_name, attribute = ".".join(parts[:-1]), f"{parts[-1]}_gate"
+        gate_name = f"{owner_name}.{attribute}" if owner_name else attribute
+        if gate_name not in gates:
+            owner = model.get_submodule(owner_name) if owner_name else model
+            gates[gate_name] = BlockGate(device=layer.lora_A.device)
+            owner.add_module(attribute, gates[gate_name])
+        layer.__dict__["gate"] = gates[gate_name]
+    if not gates:
+        raise ConfigError("fedsdg found no adapted layer; check --lora-targets")
+    return list(gates)
+
+
+@dataclass(frozen=True)
+class FedSDGHyperparameters:
+    lambda1: float = option(1e-3, "λ₁: weight of the gate penalty Σ_l |m_l| (or bilateral).")
+    lambda2: float = option(1e-4, "λ₂: weight of ‖θ_p‖², on private LoRA parameters only.")
+    gate_penalty: str = option("l1", "Gate penalty: l1 = Σ|m|, bilateral = Σ min(m, 1 − m).",
+                               choices=("l1", "bilateral"))
+    lr_private: float = option(1e-3, "Adam learning rate of the private LoRA branch (η_p).")
+    lr_gate: float = option(1e-2, "Adam learning rate of the gate logits (η_m).")
+    grad_clip: float = option(1.0, "Clip each local step's gradient norm to this value.")
+    server_agg: str = option("alignment", "Server rule: alignment-weighted (FedSDG) or fedavg "
+                             "(sample-weighted, for ablations).", choices=("alignment", "fedavg"))
+    agg_epsilon: float = option(1e-8, "ε of the alignment weights.")
+
+    def validate(self) -> None:
+        for name in ("lambda1", "lambda2"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"--{name} must be ≥ 0, got {getattr(self, name)}")
+        for name in ("lr_private", "lr_gate", "grad_clip", "agg_epsilon"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+
+
+def gate_penalty(gates: list[torch.Tensor], kind: str) -> torch.Tensor:
+    """Σ_l |m_l| (l1) or Σ_l min(m_l, 1 − m_l) (bilateral), m_l = sigmoid(a_l)."""
+    m = torch.sigmoid(torch.stack(gates))
+    return (m.abs() if kind == "l1" else torch.minimum(m, 1 - m)).sum()
+
+
+def private_penalty(private: list[torch.Tensor]) -> torch.Tensor:
+    """‖θ_p‖² = Σ of squares over the private LoRA tensors."""
+    return sum(p.pow(2).sum() for p in private)
+
+
+class FedSDGClient(Client):
+    def __init__(self, server: "FedSDG") -> None:
+        super().__init__(server)
+        self.max_grad_norm = self.hparams.grad_clip
+        self.loss_weights = {"gate_penalty": self.hparams.lambda1, "private_penalty": self.hparams.lambda2}
+
+    def loss_terms(self, forward, params, inputs, targets, received):
+        terms = super().loss_terms(forward, params, inputs, targets, received)
+        server = self.server
+        terms["gate_penalty"] = gate_penalty([params[n] for n in server.gate_names], self.hparams.gate_penalty)
+        terms["private_penalty"] = private_penalty([params[n] for n in server.private_lora_names])
+        return terms
+
+    def make_optimizer(self, params: dict[str, nn.Parameter]) -> torch.optim.Optimizer:
+        """Adam (0.9, 0.999), no weight decay; groups: shared (--lr), private, gates."""
+        server, hparams = self.server, self.hparams
+        groups = [([p for n, p in params.items() if n in server.shared_set], self.config.lr),
+                  ([p for n, p in params.items() if n in server.private_lora_set], hparams.lr_private),
+                  ([p for n, p in params.items() if n in server.gate_set], hparams.lr_gate)]
+        return torch.optim.Adam([{"params": group, "lr": lr} for group, lr in groups if group],
+                                betas=(0.9, 0.999), weight_decay=0.0)
+
+
+@register_algorithm("fedsdg")
+class FedSDG(Server):
+    """Shared + gated private LoRA per block; alignment-weighted aggregation of the shared part."""
+
+    hyperparameters = FedSDGHyperparameters
+    client_class = FedSDGClient
+    lora_layer_class = GatedLoRALinear
+
+    @classmethod
+    def lora_rank(cls, config: RunConfig, hparams: FedSDGHyperparameters) -> int:
+        return config.lora_rank or DEFAULT_RANK
+
+    def __init__(self, config: RunConfig, hparams: FedSDGHyperparameters, model: nn.Module, data) -> None:
+        if config.weight_decay:
+            raise ConfigError("fedsdg regularises only the private branch (λ₂, --lambda2); "
+                              f"--weight-decay must be 0, got {config.weight_decay}")
+        self.block_names = attach_gates(model)
+        super().__init__(config, hparams, model, data)
+        self.gate_names = [f"{block}.lambda_k_logit" for block in self.block_names]
+        self.private_lora_names = [f"{name}.{suffix}" for name in lora_layers(model)
+                                   for suffix in ("lora_A_private", "lora_B_private")]
+        self.shared_set, self.gate_set = set(self.shared_names), set(self.gate_names)
+        self.private_lora_set = set(self.private_lora_names)
+        self.fallbacks = 0
+
+    def select_shared(self, names: list[str]) -> list[str]:
+        """θ_g: shared LoRA pairs + head; private pairs and gates stay on the client."""
+        private = {f"{name}.{suffix}" for name, layer in self.model.named_modules()
+                   if isinstance(layer, GatedLoRALinear) for suffix in ("lora_A_private", "lora_B_private")}
+        gates = {f"{name}.lambda_k_logit" for name, module in self.model.named_modules()
+                 if isinstance(module, BlockGate)}
+        return [n for n in names if n not in private and n not in gates]
+
+    def aggregate(self, updates: list[ClientUpdate]) -> None:
+        if self.hparams.server_agg == "fedavg":
+            self._last_weights = [u.num_samples / sum(v.num_samples for v in updates) for u in updates]
+            return super().aggregate(updates)
+        new, self._last_weights, fell_back = _aggregate(
+            self.global_state, [u.params for u in updates], self.hparams.agg_epsilon)
+        self.fallbacks += fell_back
+        self.load_into(self.global_state, new)
+
+    def round_diagnostics(self, updates: list[ClientUpdate]) -> dict[str, Any]:
+        terms = {name: float(np.mean([u.loss_terms[name] for u in updates]))
+                 for name in ("task", "gate_penalty", "private_penalty")} if updates else {}
+        stats = weight_statistics(self._last_weights) if updates else {}
+        return {"task_loss": terms.get("task"), "gate_penalty": terms.get("gate_penalty"),
+                "private_penalty": terms.get("private_penalty"), **stats,
+                "agg_fallbacks": self.fallbacks}
+
+    def load_global_model(self) -> None:
+        """The shared model alone: every gate forced to m = 0 (logit −∞)."""
+        super().load_global_model()
+        with torch.no_grad():
+            for name in self.gate_names:
+                self.state[name].fill_(-math.inf)
+
+    def client_gates(self) -> np.ndarray:
+        """K × L gate values m = sigmoid(a); never-trained clients keep the initial 0.5."""
+        return np.array([[float(torch.sigmoid(self.store.get(k)[n].detach())) for n in self.gate_names]
+                         for k in range(self.data.num_clients)])
+
+    def final_report(self) -> tuple[dict[str, Any], dict[str, list[float]]]:
+        gates = self.client_gates()
+        trained = [k for k in range(self.data.num_clients) if k in self.store]
+        values = gates[trained].ravel() if trained else gates.ravel()
+        summary = {"gate_frac_below_0.1": float((values < 0.1).mean()),
+                   "gate_frac_above_0.9": float((values > 0.9).mean()),
+                   "gate_frac_0.4_to_0.6": float(((values >= 0.4) & (values <= 0.6)).mean()),
+                   "gate_mean": float(values.mean()), "gates_clients_trained": len(trained),
+                   "gate_blocks": self.block_names, "gates": gates.round(6).tolist()}
+        columns = {f"gate_{i}": gates[:, i].tolist() for i in range(len(self.block_names))}
+        return summary, columns
