@@ -422,6 +422,31 @@ def _pretrain_options() -> list[click.Option]:
 pretrain_command.params[:0] = _pretrain_options()
 
 
+@cli.command("gates")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--plot", type=click.Path(dir_okay=False), help="Save the client × block heatmap (PNG/PDF).")
+def gates_command(run_dir: str, plot: str | None) -> None:
+    """Print (and plot) the per-client gate values of a FedSDG run."""
+    import json
+    from pathlib import Path
+
+    from .plots import plot_gate_heatmap
+
+    summary_path = Path(run_dir) / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    if "gates" not in summary:
+        raise ConfigError(f"{run_dir} has no gate values (a finished fedsdg run folder has them in summary.json)")
+    gates = summary["gates"]
+    click.echo(f"gates < 0.1: {summary['gate_frac_below_0.1']:.1%}   > 0.9: {summary['gate_frac_above_0.9']:.1%}"
+               f"   in [0.4, 0.6]: {summary['gate_frac_0.4_to_0.6']:.1%}   (clients trained: "
+               f"{summary['gates_clients_trained']})")
+    for client, row in enumerate(gates):
+        click.echo(f"{client:>4}  " + " ".join(f"{m:.2f}" for m in row))
+    if plot:
+        labels = [name.removesuffix(".gate") for name in summary.get("gate_blocks", [])] or None
+        click.echo(f"plot: {plot_gate_heatmap(gates, plot, labels)}")
+
+
 def main() -> None:
     cli()
 
