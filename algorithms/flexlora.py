@@ -3,8 +3,9 @@ Tasks and Client Resources", NeurIPS 2024 (arXiv:2402.11505).
 
 LoRA fine-tuning where client k has its own rank r_k (``--rank-dist``, drawn once from the
 ``ranks`` stream). Backbone frozen, LoRA on ``--lora-targets``, classifier head trained and
-averaged FedAvg-style. Per adapted layer the server forms the full-size
-ΔW = Σ_k (n_k/Σn)·s_k·B_k·A_k (s_k = α/r_k), takes U, S, Vᵀ = SVD(ΔW) and sends client k
+averaged FedAvg-style. Per adapted layer the server aggregates the full-size
+ΔW = Σ_k (n_k/Σn)·s_k·B_k·A_k (s_k = α/r_k), takes U, S, Vᵀ = SVD(ΔW) (exactly, from the
+stacked factors without forming the out×in matrix: ``factored_svd``) and sends client k
 B = U[:, :r]·diag(S[:r]) / s_r, A = Vᵀ[:r] (r = r_k), so s_r·B·A is the best rank-r
 approximation of ΔW. Clients upload only their rank-r_k factors.
 
@@ -20,8 +21,10 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
+from torch import nn
 
 from pflbench.config import RunConfig, option
+from pflbench.data import FederatedData
 from pflbench.engine import Client, ClientUpdate, Server, Tensors, weighted_average
 from pflbench.errors import ConfigError
 from pflbench.lora import lora_layers
@@ -33,11 +36,38 @@ DEFAULT_HOMO_RANK = 8
 HEAVY_TAIL_SMALLEST = 0.8  # share of clients with the smallest rank under heavy-tail
 
 
+def stack_lora_factors(factors: Sequence[tuple[torch.Tensor, torch.Tensor, float]],
+                       weights: Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B̃ [out, k], Ã [k, in]), k = Σ r_k, with B̃·Ã = Σ_k w_k·s_k·B_k·A_k, from (A_k, B_k, s_k)."""
+    scaled_B = torch.cat([B * (w * s) for (_, B, s), w in zip(factors, weights)], dim=1)
+    return scaled_B, torch.cat([A for A, _, _ in factors], dim=0)
+
+
 def aggregate_lora_deltas(factors: Sequence[tuple[torch.Tensor, torch.Tensor, float]],
                           weights: Sequence[float]) -> torch.Tensor:
-    """ΔW = Σ_k w_k·s_k·B_k·A_k [out, in] from (A_k [r_k, in], B_k [out, r_k], s_k): one matmul."""
-    scaled_B = torch.cat([B * (w * s) for (_, B, s), w in zip(factors, weights)], dim=1)
-    return scaled_B @ torch.cat([A for A, _, _ in factors], dim=0)
+    """ΔW = Σ_k w_k·s_k·B_k·A_k [out, in] from (A_k [r_k, in], B_k [out, r_k], s_k)."""
+    scaled_B, stacked_A = stack_lora_factors(factors, weights)
+    return scaled_B @ stacked_A
+
+
+def factored_svd(scaled_B: torch.Tensor, stacked_A: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The leading min(out, in, k) singular triplets (U, S, Vᵀ) of ΔW = B̃·Ã (all nonzero ones,
+    as rank(ΔW) ≤ k) without forming ΔW: B̃ = Q_B·R_B, Ãᵀ = Q_A·R_A, SVD(R_B·R_Aᵀ) = U_c·S·V_cᵀ
+    gives U = Q_B·U_c, Vᵀ = V_cᵀ·Q_Aᵀ. Exact; the SVD is of a k×k core (k = Σ r_k) instead of
+    out×in, so the server step stays cheap for large layers."""
+    Q_B, R_B = torch.linalg.qr(scaled_B)
+    Q_A, R_A = torch.linalg.qr(stacked_A.T)
+    U_core, S, Vh_core = torch.linalg.svd(R_B @ R_A.T, full_matrices=False)
+    return Q_B @ U_core, S, Vh_core @ Q_A.T
+
+
+def delta_svd(scaled_B: torch.Tensor, stacked_A: torch.Tensor, rank: int) -> tuple[torch.Tensor, ...]:
+    """Thin SVD of ΔW = B̃·Ã with at least ``rank`` triplets: ``factored_svd`` when
+    rank ≤ k < min(out, in) (exact and cheaper), else the dense SVD of ΔW (which also gives the
+    S = 0 directions a client of rank > k needs)."""
+    if rank <= scaled_B.shape[1] < min(scaled_B.shape[0], stacked_A.shape[1]):
+        return factored_svd(scaled_B, stacked_A)
+    return torch.linalg.svd(scaled_B @ stacked_A, full_matrices=False)
 
 
 def factors_from_svd(U: torch.Tensor, S: torch.Tensor, Vh: torch.Tensor, rank: int,
@@ -136,7 +166,8 @@ class FlexLoRA(Server):
     def lora_rank(cls, config: RunConfig, hparams: FlexLoRAHyperparameters) -> int:
         return max(hparams.possible_ranks(config.lora_rank))
 
-    def __init__(self, config: RunConfig, hparams: FlexLoRAHyperparameters, model, data) -> None:
+    def __init__(self, config: RunConfig, hparams: FlexLoRAHyperparameters, model: nn.Module,
+                 data: FederatedData) -> None:
         super().__init__(config, hparams, model, data)
         self.layers = lora_layers(model)
         self.max_rank = self.lora_rank(config, hparams)
@@ -154,10 +185,10 @@ class FlexLoRA(Server):
         return len(set(self.ranks)) == 1 and not self.private_names
 
     def broadcast(self, client_id: int) -> Tensors:
-        sent = dict(self.global_state)
+        sent, rank = dict(self.global_state), self.ranks[client_id]
         for name in self.layers:
-            sent[f"{name}.lora_B"], sent[f"{name}.lora_A"] = truncate_factors(
-                self.global_state[f"{name}.lora_B"], self.global_state[f"{name}.lora_A"], self.ranks[client_id])
+            B, A = f"{name}.lora_B", f"{name}.lora_A"
+            sent[B], sent[A] = truncate_factors(self.global_state[B], self.global_state[A], rank)
         return sent
 
     @torch.no_grad()
@@ -188,7 +219,7 @@ class FlexLoRA(Server):
         for name in self.layers:
             factors = [(u.params[f"{name}.lora_A"], u.params[f"{name}.lora_B"],
                         alpha / u.params[f"{name}.lora_A"].shape[0]) for u in updates]
-            U, S, Vh = torch.linalg.svd(aggregate_lora_deltas(factors, weights), full_matrices=False)
+            U, S, Vh = delta_svd(*stack_lora_factors(factors, weights), self.max_rank)
             B, A = factors_from_svd(U, S, Vh, self.max_rank, alpha)
             self.load_into(self.global_state, {f"{name}.lora_B": B, f"{name}.lora_A": A})
             for rank, kept in energy.items():

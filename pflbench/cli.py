@@ -144,8 +144,9 @@ def _run_callback(quiet: bool, plugin: tuple[str, ...], **values: Any) -> None:
     else:
         summary = _execute_with_progress(prepared, plugin, execute)
     if "backbone_pers_acc" in summary:
-        click.echo(f"backbone before fine-tuning: pers_acc {summary['backbone_pers_acc']:.4f} "
-                   f"({prepared.resolved['backbone']['source']})")
+        backbone = prepared.resolved["backbone"]
+        click.echo(f"before fine-tuning: pers_acc {summary['backbone_pers_acc']:.4f}; backbone "
+                   f"{backbone['source']}; head {backbone['head']}")
     click.echo(_summary_line(summary))
 
 
@@ -224,7 +225,8 @@ def partition_command(plot: str | None, save: str | None, **values: Any) -> None
     split = make_partition(config, dataset)
     stats = split.stats
     click.echo(f"{config.dataset}: {len(dataset.labels)} samples, {dataset.num_classes} classes, "
-               f"partition={config.partition} alpha={config.alpha:g} K={config.num_clients} seed={config.seed}")
+               f"partition={config.partition} alpha={config.alpha:g} K={config.num_clients} seed={config.seed}"
+               + (f"; {len(split.public)} held out as public data" if len(split.public) else ""))
     click.echo(f"samples/client mean {stats['samples_mean']:.1f} std {stats['samples_std']:.1f} "
                f"min {stats['samples_min']} max {stats['samples_max']}; "
                f"classes/client mean {stats['classes_per_client_mean']:.2f}")

@@ -27,7 +27,7 @@ from .models import head_parameter_names
 
 
 class LoRALinear(nn.Module):
-    """Wraps a frozen ``nn.Linear`` (``base``) with trainable ``lora_A`` [r_max, in], ``lora_B`` [out, r_max]."""
+    """A frozen ``nn.Linear`` (``base``) plus trainable ``lora_A`` [r_max, in], ``lora_B`` [out, r_max]."""
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float) -> None:
         super().__init__()

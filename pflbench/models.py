@@ -156,9 +156,9 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
 def load_weights(model: nn.Module, path: str | Path) -> dict[str, Any]:
     """Load a state dict file (raw, or ``{"state_dict": ..., "meta": ...}``) into ``model``.
 
-    Every tensor must fit, except a classifier head of another shape, which is skipped (the
-    model keeps its fresh head). Returns what was done: ``head`` ("loaded"/"skipped ..."),
-    ``sha256`` of the file and the file's ``meta``.
+    Every tensor must fit, except the classifier head: one of another shape is skipped and a
+    file without one (a backbone) is fine; the model then keeps its fresh head. Returns what was
+    done: ``head`` ("loaded" or why it is fresh), ``sha256`` of the file and the file's ``meta``.
     """
     path = Path(path)
     if not path.is_file():
@@ -176,7 +176,7 @@ def load_weights(model: nn.Module, path: str | Path) -> dict[str, Any]:
     skipped = [n for n in head if n in state and n in own and state[n].shape != own[n].shape]
     for name in skipped:
         state.pop(name)
-    missing = [n for n in own if n not in state and n not in skipped]
+    missing = [n for n in own if n not in state and n not in head]
     unexpected = [n for n in state if n not in own]
     wrong = [n for n in state if n in own and state[n].shape != own[n].shape]
     if missing or unexpected or wrong:
@@ -184,8 +184,11 @@ def load_weights(model: nn.Module, path: str | Path) -> dict[str, Any]:
             f"--weights {str(path)!r} does not fit this model (same --model and --model-option?): "
             f"missing {missing[:3]}, unexpected {unexpected[:3]}, shape mismatch {wrong[:3]}")
     model.load_state_dict(state, strict=False)
-    head_note = (f"skipped {skipped} (shape differs from this model's, freshly initialised)"
-                 if skipped else "loaded")
+    if skipped:
+        head_note = f"skipped {skipped} (shape differs from this model's): freshly initialised"
+    else:
+        in_file = all(n in state for n in head if n in own)
+        head_note = "loaded" if in_file else "not in the file: freshly initialised"
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     return {"head": head_note, "sha256": digest, "meta": meta}
 

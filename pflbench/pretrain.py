@@ -7,6 +7,10 @@ ever gets it), the full model is trained on it centrally (AdamW, weight decay 0.
 batches and the decay; a stratified 20% of the public data is kept back to report accuracy), and
 the weights are cached in ``$PFLBENCH_CACHE/backbones/`` under a hash of everything that
 determines them (``backbone_key``). Runs then load that file exactly like ``--weights``.
+
+The file holds the backbone *without* the classifier head, as with hub weights (whose head
+never fits the task): every run learns its task head from client data only, so a run's
+starting accuracy is chance and algorithms are compared on what federated training adds.
 """
 from __future__ import annotations
 
@@ -24,14 +28,14 @@ from torch import nn
 from .config import RunConfig
 from .data import FederatedData, TensorDataset, cache_dir
 from .errors import ConfigError
-from .models import build_model, load_weights
+from .models import build_model, head_parameter_names, load_weights
 from .partition import split_train_test
 from .seeding import derive_seed, rng_stream
 
 PRETRAIN_BATCH_SIZE = 16
 PRETRAIN_WEIGHT_DECAY = 0.05
 PRETRAIN_VAL_FRAC = 0.2
-PRETRAIN_FORMAT_VERSION = 1
+PRETRAIN_FORMAT_VERSION = 2
 
 
 def public_split(labels: np.ndarray, public_frac: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -109,7 +113,9 @@ def pretrain_backbone(config: RunConfig, dataset: TensorDataset, public: np.ndar
     meta = {"key": key, "val_accuracy": accuracy, "num_train": len(train[0]), "num_val": len(val[0])}
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
-    torch.save({"state_dict": {n: t.cpu() for n, t in model.state_dict().items()}, "meta": meta}, temporary)
+    head = head_parameter_names(model)
+    backbone = {n: t.cpu() for n, t in model.state_dict().items() if n not in head}
+    torch.save({"state_dict": backbone, "meta": meta}, temporary)
     temporary.replace(path)
     return PretrainedBackbone(path, accuracy, len(train[0]), len(val[0]), False)
 
@@ -136,7 +142,8 @@ def initial_weights(config: RunConfig, dataset: TensorDataset, public: np.ndarra
     return backbone.path, {
         "source": (f"pretrained on public fraction {config.public_frac:g} of {config.dataset} "
                    f"({backbone.num_train} train / {backbone.num_val} held-back samples, "
-                   f"{config.pretrain_epochs} epochs, AdamW lr {config.pretrain_lr:g}), cached at {backbone.path}"),
+                   f"{config.pretrain_epochs} epochs, AdamW lr {config.pretrain_lr:g}), "
+                   f"cached at {backbone.path}"),
         "public_val_acc": backbone.val_accuracy,
         "cache": "hit" if backbone.from_cache else "created"}
 
@@ -152,5 +159,6 @@ def load_initial_weights(model: nn.Module, path: Path | None, record: dict[str, 
         raise ConfigError(
             f"{path} was pretrained on a public fraction {key.get('public_frac')} (seed {key.get('seed')}) "
             f"of {config.dataset}; this run would give that data to clients. Use --public-frac "
-            f"{key.get('public_frac')} --seed {key.get('seed')}, or let --backbone public build a matching one")
+            f"{key.get('public_frac')} --seed {key.get('seed')}, or let --backbone public build "
+            "a matching one")
     return {**record, **loaded}

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from pflbench.algorithms.flexlora import (aggregate_lora_deltas, client_ranks, spectral_energy_kept,
-                                          svd_redistribute, truncate_factors)
+from pflbench.algorithms.flexlora import (aggregate_lora_deltas, client_ranks, factored_svd,
+                                          spectral_energy_kept, stack_lora_factors, svd_redistribute,
+                                          truncate_factors)
 from pflbench.config import RunConfig
 from pflbench.engine import tensor_bytes
 from pflbench.errors import ConfigError
@@ -66,6 +67,18 @@ def test_truncating_the_largest_rank_factors_equals_redistributing_at_the_small_
         B, A = truncate_factors(B_max, A_max, rank)
         assert B.shape == (7, rank) and A.shape == (rank, 9)
         assert np.allclose(((ALPHA / rank) * B @ A).numpy(), truncated_svd(delta.numpy(), rank))
+
+
+@pytest.mark.parametrize("ranks", [[1, 2], [2, 3, 5], [7, 7]])  # k = Σ r below, within, above min(out, in)
+def test_factored_svd_equals_the_dense_svd_of_the_full_delta(ranks: list[int]) -> None:
+    factors, weights = random_factors(ranks), [1 / len(ranks)] * len(ranks)
+    U, S, Vh = factored_svd(*stack_lora_factors(factors, weights))
+    delta = aggregate_lora_deltas(factors, weights)
+    dense_S = torch.linalg.svdvals(delta)
+    assert S.shape == (min(7, 9, sum(ranks)),)
+    assert torch.allclose(S, dense_S[:len(S)]) and torch.allclose(dense_S[len(S):], torch.zeros(1, dtype=S.dtype))
+    assert torch.allclose((U * S) @ Vh, delta)
+    assert torch.allclose(U.T @ U, torch.eye(len(S), dtype=U.dtype))
 
 
 def test_spectral_energy_kept() -> None:
@@ -135,6 +148,17 @@ def test_a_client_of_rank_r_never_holds_more_than_r_components(tmp_path: Path) -
     server.load_global_model()
     full_product = layer.lora_B.detach().double() @ layer.lora_A.detach().double()
     assert layer.active_rank == 8 and torch.linalg.matrix_rank(full_product) == 8
+
+
+def test_a_round_with_fewer_components_than_the_largest_rank(tmp_path: Path) -> None:
+    server = prepare(flexlora_config(tmp_path), {"rank_dist": "2,8"}).server
+    update = server.train_client(0, server.broadcast(0), 1)  # one rank-2 client: k = 2 < R = 8
+    server.aggregate([update])
+    received = server.broadcast(1)
+    assert received["fc1.lora_A"].shape == (8, 64)
+    assert torch.allclose(received["fc1.lora_A"] @ received["fc1.lora_A"].T, torch.eye(8), atol=1e-5)
+    delta = (ALPHA / 2) * update.params["fc1.lora_B"] @ update.params["fc1.lora_A"]
+    assert torch.allclose((ALPHA / 8) * received["fc1.lora_B"] @ received["fc1.lora_A"], delta, atol=1e-6)
 
 
 def test_run_records_ranks_energy_and_per_rank_bytes(tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ def test_backbone_is_pretrained_once_cached_and_recorded(tmp_path: Path, monkeyp
     monkeypatch.setenv("PFLBENCH_CACHE", str(tmp_path / "cache"))
     first = prepare(lora_config(tmp_path))
     backbone = first.resolved["backbone"]
-    assert backbone["cache"] == "created" and backbone["head"] == "loaded"
+    assert backbone["cache"] == "created" and backbone["head"] == "not in the file: freshly initialised"
     assert "pretrained on public fraction 0.2 of digits" in backbone["source"]
     assert 0.0 <= backbone["public_val_acc"] <= 1.0
     path = Path(backbone["source"].rsplit("cached at ", 1)[1])
@@ -66,6 +66,7 @@ def test_backbone_is_pretrained_once_cached_and_recorded(tmp_path: Path, monkeyp
     assert second.resolved["backbone"]["cache"] == "hit"
     assert second.resolved["backbone"]["sha256"] == backbone["sha256"]
     saved = torch.load(path, weights_only=True)["state_dict"]
+    assert "head.weight" not in saved and "blocks.0.attn.proj.weight" in saved
     proj = second.server.model.blocks[0].attn.proj
     assert torch.equal(proj.base.weight, saved["blocks.0.attn.proj.weight"])
     other = prepare(lora_config(tmp_path, pretrain_epochs=3)).resolved["backbone"]
@@ -95,7 +96,7 @@ def test_cli_lora_run_uses_recorded_defaults_and_the_pretrain_command_shares_its
     result = runner.invoke(cli, ["run", "--algo", "fedavg", "--lora-rank", "2", *TINY_RUN, *MODEL_ARGS,
                                  "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    assert "backbone before fine-tuning: pers_acc" in result.output
+    assert "before fine-tuning: pers_acc" in result.output and "head not in the file" in result.output
     (folder,) = list((tmp_path / "runs").iterdir())
     config = json.loads((folder / "config.json").read_text())
     assert config["model"] == "vit_tiny_patch16_224" and config["public_frac"] == 0.2
