@@ -181,10 +181,15 @@ def expand_grid(base: RunConfig, grid: Grid) -> list[SweepRun]:
 
 
 def sweep_record_path(out: str | Path, grid: Grid, base: RunConfig) -> Path:
-    """``OUT/sweeps/<YYYYmmdd-HHMMSS>-<hash of grid and shared options>.json``."""
+    """``OUT/sweeps/<YYYYmmdd-HHMMSS>-<hash of grid and shared options>[-n].json`` (a new file)."""
     identity = json.dumps([grid.to_json(), dataclasses.asdict(base)], sort_keys=True, default=str)
     digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
-    return Path(out) / "sweeps" / f"{time.strftime('%Y%m%d-%H%M%S')}-{digest}.json"
+    stem = Path(out) / "sweeps" / f"{time.strftime('%Y%m%d-%H%M%S')}-{digest}"
+    path, attempt = stem.with_suffix(".json"), 1
+    while path.exists():  # two sweeps of the same grid within one second
+        attempt += 1
+        path = stem.with_name(f"{stem.name}-{attempt}.json")
+    return path
 
 
 def _write_record(path: Path, grid: Grid, base: RunConfig, runs: list[SweepRun]) -> None:

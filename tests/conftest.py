@@ -1,6 +1,12 @@
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Before anything imports huggingface_hub/timm (they read these once, at import): no hub calls.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -8,7 +14,5 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Dataset conversions are cached in a throwaway folder, never in ~/.cache."""
     mp = pytest.MonkeyPatch()
     mp.setenv("PFLBENCH_CACHE", str(tmp_path_factory.mktemp("cache")))
-    mp.setenv("HF_DATASETS_OFFLINE", "1")
-    mp.setenv("HF_HUB_OFFLINE", "1")
     yield
     mp.undo()
