@@ -274,6 +274,8 @@ def _sweep_callback(algos: str, datasets: str, alphas: str, seeds: str, sets: tu
                     quiet: bool, plugin: tuple[str, ...], **values: Any) -> int:
     from pathlib import Path
 
+    from click.core import ParameterSource
+
     from .sweep import Grid, count_statuses, expand_grid, run_sweep, split_values, sweep_record_path
 
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
@@ -281,7 +283,9 @@ def _sweep_callback(algos: str, datasets: str, alphas: str, seeds: str, sets: tu
     grid = Grid(split_values(algos, str, "--algos"), split_values(datasets, str, "--datasets"),
                 split_values(alphas, float, "--alphas"), split_values(seeds, int, "--seeds"),
                 _sweep_axes(sets, values, run_fields))
-    runs = expand_grid(base, grid)
+    context = click.get_current_context()
+    explicit = {n for n in run_fields if context.get_parameter_source(n) is not ParameterSource.DEFAULT}
+    runs = expand_grid(base, grid, explicit)  # LoRA grids fill what is not explicit, for every run
     record = sweep_record_path(base.out, grid, base)
 
     def report(index: int, run: Any, summary: dict[str, Any] | None) -> None:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .config import RunConfig, field_types, hyperparameters_from, run_name, validate
+from .config import (RunConfig, apply_lora_run_defaults, field_types, hyperparameters_from, run_name,
+                     validate)
 from .errors import ConfigError
 from .registry import ALGORITHMS, DATASETS
 from .results import write_json
@@ -153,13 +154,22 @@ def _product(axes: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
     return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
 
 
-def expand_grid(base: RunConfig, grid: Grid) -> list[SweepRun]:
+def expand_grid(base: RunConfig, grid: Grid, explicit: set[str] | None = None) -> list[SweepRun]:
     """Every combination, validated: dataset × α × seed × run axes, then each algorithm × its own
-    hyperparameter axes (a hyperparameter only multiplies the algorithms that have it)."""
+    hyperparameter axes (a hyperparameter only multiplies the algorithms that have it).
+
+    ``explicit``: the options the user set (the CLI passes them). When any algorithm of the grid
+    is a LoRA run, ``LORA_RUN_DEFAULTS`` fill the other options of *every* run, so all runs share
+    the model and the public hold-out (the same client data). ``None``: ``base`` as given.
+    """
     for name in grid.datasets:
         DATASETS.get(name)
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
     _check_axis_names(grid.axes, grid.algos, run_fields)
+    if explicit is not None and any(
+            ALGORITHMS.get(algo).lora_rank(base, ALGORITHMS.get(algo).hyperparameters()) is not None
+            for algo in grid.algos):
+        base, _ = apply_lora_run_defaults(base, explicit | set(grid.axes))
     run_axes = _typed_axes(grid.axes, RunConfig, [n for n in grid.axes if n in run_fields])
     hyperparameter_classes = {algo: ALGORITHMS.get(algo).hyperparameters for algo in grid.algos}
     algo_axes = {algo: _product(_typed_axes(grid.axes, cls, [f.name for f in dataclasses.fields(cls)

@@ -143,3 +143,17 @@ def test_interrupted_sweep_resumes_with_only_the_missing_runs(tmp_path: Path, mo
     run_sweep(runs, record, the_grid, base)
     assert [r.status for r in runs] == ["skipped", "done"]
     assert (partial / "summary.json").is_file()
+
+
+def test_lora_grid_gives_every_run_the_lora_defaults_unless_explicit() -> None:
+    from pflbench.config import LORA_RUN_DEFAULTS
+
+    grid = Grid(["fedavg", "fedsdg"], ["digits"], [0.5], [0], {})
+    runs = expand_grid(RunConfig(lr=0.05), grid, explicit={"lr"})
+    assert {r.config.algo for r in runs} == {"fedavg", "fedsdg"}
+    for run in runs:  # same model and same public hold-out (client data) for both algorithms
+        assert run.config.model == LORA_RUN_DEFAULTS["model"]
+        assert run.config.public_frac == LORA_RUN_DEFAULTS["public_frac"]
+        assert run.config.lr == 0.05  # explicit options are kept
+    plain = expand_grid(RunConfig(), Grid(["fedavg", "fedprox"], ["digits"], [0.5], [0], {}), explicit=set())
+    assert all(r.config.model == "cnn" and r.config.public_frac == 0.0 for r in plain)
