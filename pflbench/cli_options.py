@@ -1,0 +1,116 @@
+"""Click plumbing shared by the ``pflbench`` commands.
+
+Options are generated from the config dataclasses (``RunConfig`` and each algorithm's
+hyperparameters), so defaults and help live in one place. ``PflbenchGroup`` turns every usage
+error into one ``Error: ...`` line and exit code 2.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+import typing
+from typing import Any
+
+import click
+
+from .config import RunConfig, field_types
+from .errors import ConfigError
+from .registry import ALGORITHMS, load_plugin_file
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _click_type(annotation: Any, choices: tuple[str, ...] | None) -> tuple[Any, bool]:
+    """(click type, multiple) for a dataclass field annotation."""
+    if choices:
+        return click.Choice(choices), False
+    if typing.get_origin(annotation) is tuple:
+        return typing.get_args(annotation)[0], True
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    return annotation, False
+
+
+def dataclass_options(cls: type, names: tuple[str, ...] | None = None) -> list[click.Option]:
+    hints = field_types(cls)
+    options = []
+    for f in dataclasses.fields(cls):
+        if names is not None and f.name not in names:
+            continue
+        click_type, multiple = _click_type(hints[f.name], f.metadata.get("choices"))
+        if click_type is bool:
+            decls = [f"{_flag(f.name)}/--no-{f.name.replace('_', '-')}"]
+            options.append(click.Option(decls, default=f.default, show_default=True, help=f.metadata["help"]))
+            continue
+        options.append(click.Option([_flag(f.name)], type=click_type, multiple=multiple,
+                                    default=f.default, show_default=f.default is not None,
+                                    help=f.metadata["help"]))
+    return options
+
+
+def algorithm_options() -> list[click.Option]:
+    """One option per hyperparameter name over all registered algorithms (default: unset)."""
+    seen: dict[str, tuple[click.Option, list[str]]] = {}
+    run_fields = {f.name for f in dataclasses.fields(RunConfig)}
+    for algo, server_class in sorted(ALGORITHMS.items.items()):
+        for option, f in zip(dataclass_options(server_class.hyperparameters),
+                             dataclasses.fields(server_class.hyperparameters)):
+            if f.name in run_fields or f.name in ("quiet", "plugin"):
+                raise ConfigError(f"algorithm {algo!r} hyperparameter {f.name!r} clashes with a run option")
+            entry = seen.setdefault(f.name, (option, []))
+            entry[1].append(f"{algo}: {f.default}")
+    result = []
+    for name, (option, defaults) in seen.items():
+        option.default, option.show_default = None, False
+        option.help = f"{option.help} [{'; '.join(defaults)}]"
+        result.append(option)
+    return result
+
+
+def _load_plugins_from(args: list[str]) -> tuple[str, ...]:
+    paths = []
+    for i, arg in enumerate(args):
+        if arg == "--plugin" and i + 1 < len(args):
+            paths.append(args[i + 1])
+        elif arg.startswith("--plugin="):
+            paths.append(arg.split("=", 1)[1])
+    for path in paths:
+        load_plugin_file(path)
+    return tuple(paths)
+
+
+class RunCommand(click.Command):
+    """``run`` gains each registered algorithm's hyperparameters as options (after --plugin)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        _load_plugins_from(args)
+        return super().parse_args(ctx, args)
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        base = super().get_params(ctx)
+        known = {p.name for p in base}
+        return base[:-1] + [o for o in algorithm_options() if o.name not in known] + base[-1:]
+
+
+class PflbenchGroup(click.Group):
+    """Turns every usage error into one ``Error: ...`` line with exit code 2."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        code = 0
+        try:
+            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            code = result if isinstance(result, int) else 0
+        except (click.ClickException, ConfigError) as error:
+            message = error.format_message() if isinstance(error, click.ClickException) else str(error)
+            click.echo(f"Error: {message}", err=True)
+            code = 2
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            code = 1
+        if standalone_mode:
+            sys.exit(code)
+        return code
