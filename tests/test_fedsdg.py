@@ -155,18 +155,9 @@ def test_optimizer_groups_and_no_weight_decay(server) -> None:
     assert server.client.max_grad_norm == 1.0
 
 
-def test_private_params_and_gates_never_travel(server) -> None:
+def test_private_params_and_gates_never_travel(server, record_traffic) -> None:
     private = set(server.private_names)
-    uploads, received = [], []
-    original = server.train_client
-
-    def spy(client_id, payload, round_index):
-        received.append(set(payload))
-        update = original(client_id, payload, round_index)
-        uploads.append(set(update.params))
-        return update
-
-    server.train_client = spy
+    received, uploads = record_traffic(server)
     records = []
     server.run(records.append)
     del server.train_client

@@ -36,20 +36,11 @@ def test_timm_models_declare_their_head() -> None:
 
 
 @pytest.mark.parametrize("algo", ["fedper", "fedrep"])
-def test_head_never_leaves_the_client(algo: str) -> None:
+def test_head_never_leaves_the_client(algo: str, record_traffic) -> None:
     server = server_for(algo)
     assert set(server.private_names) == HEAD
     assert not HEAD & set(server.global_state)
-    sent, uploaded = [], []
-    original_train = server.train_client
-
-    def spy(client_id, received, round_index):
-        sent.append(set(received))
-        update = original_train(client_id, received, round_index)
-        uploaded.append(set(update.params))
-        return update
-
-    server.train_client = spy
+    sent, uploaded = record_traffic(server)
     records = []
     server.run(records.append)
     body = set(server.shared_names)
