@@ -1,4 +1,10 @@
-"""Run configuration: one frozen dataclass, validated before anything is written.
+"""Run configuration: one flat frozen dataclass (the namespace of the command line, config files
+and sweep axes) with grouped views, one per stage: ``data_spec``, ``partition_spec``,
+``model_spec``, ``init_spec``, ``lora_spec``, ``federation_spec``, ``local_spec``, ``runtime_spec``.
+
+Settings that depend on the algorithm (model, public fraction, optimizer, lr, gradient clipping)
+default to ``None`` = unset; ``resolve`` fills them once, the same way for ``run``, ``sweep`` and
+library calls. ``run_identity`` hashes exactly the settings a resolved run reads.
 
 Each field carries its help text in ``metadata``; the CLI's options and the saved
 ``config.json`` are generated from the dataclasses (this one and each algorithm's own).
@@ -42,19 +48,23 @@ class RunConfig:
     rounds: int = option(50, "Communication rounds.")
     local_epochs: int = option(1, "Local epochs per round.")
     batch_size: int = option(32, "Local minibatch size.")
-    lr: float = option(0.01, "Local learning rate.")
-    optimizer: str = option("sgd", "Local optimizer.", choices=("sgd", "adam"))
+    lr: float | None = option(None, "Local learning rate [default: 0.01; LoRA runs 1e-3].")
+    optimizer: str | None = option(None, "Local optimizer [default: sgd; LoRA runs adam].",
+                                   choices=("sgd", "adam"))
     momentum: float = option(0.0, "SGD momentum (optimizer state is fresh each round).")
     weight_decay: float = option(0.0, "Weight decay of the local optimizer.")
-    max_grad_norm: float | None = option(None, "Clip each local step's gradient to this norm.")
-    model: str = option("cnn", "Model: a zoo name (`pflbench list models`) or a timm model name.")
+    max_grad_norm: float | None = option(None, "Clip each local step's gradient to this norm; 0 = "
+                                         "no clipping [default: 0; fedsdg 1.0].")
+    model: str | None = option(None, "Model: a zoo name (`pflbench list models`) or a timm model "
+                               "name [default: cnn; LoRA runs a 6-block ViT, see lora.RUN_DEFAULTS].")
     head_layers: int = option(1, "Layers (from the output) that form the private head.")
     model_option: tuple[str, ...] = option(
         (), "Model option KEY=VALUE, repeatable (ViTs: depth=6, embed_dim=192, num_heads=3, patch_size=2).")
     pretrained: bool = option(False, "Start from timm's hub weights (network or a filled HF cache).")
     weights: str | None = option(None, "Start from a local state dict file (a head of another shape is skipped).")
-    public_frac: float = option(0.0, "Fraction of the pooled data held out as public, given to no "
-                                "client (pretrains the backbone; keep it equal across compared runs).")
+    public_frac: float | None = option(None, "Fraction of the pooled data held out as public, given "
+                                       "to no client (pretrains the backbone; keep it equal across "
+                                       "compared runs) [default: 0; LoRA runs 0.2].")
     backbone: str = option(
         "auto", "Initial weights: auto = --weights/--pretrained if given, else LoRA runs pretrain on the "
         "public fraction and other runs start at random; public = pretrain on the public fraction "
@@ -70,6 +80,8 @@ class RunConfig:
     eval_every: int | None = option(None, "Evaluate every N rounds [default: 1 up to 100 rounds, "
                                     "else rounds/100]; the last round is always evaluated.")
     device: str = option("cpu", "Torch device: cpu, cuda, cuda:1, ...")
+    executor: str = option("sequential", "How clients train: sequential (one after another).",
+                           choices=("sequential",))
     out: str = option("results", "Output folder; the run goes to OUT/runs/<name>/.")
 
     @property
@@ -91,10 +103,54 @@ class RunConfig:
     def model_options(self) -> dict[str, Any]:
         return _key_values(self.model_option, "--model-option")
 
+    # ---- the groups each stage receives ---------------------------------------------------
+    @property
+    def data_spec(self) -> DataSpec:
+        return DataSpec(self.dataset, self.dataset_options())
 
-# Defaults of a LoRA run (--lora-rank or a LoRA algorithm) for the fields its command line does
-# not set: LoRA needs a transformer and a pretrained backbone, which offline means one pretrained
-# on a public fraction of the data (SPEC §4, "Backbone for LoRA methods").
+    @property
+    def partition_spec(self) -> PartitionSpec:
+        return PartitionSpec(self.partition, self.num_clients, self.alpha, self.shards_per_client,
+                             self.min_size, self.test_frac, _resolved(self.public_frac, "public_frac"),
+                             self.seed)
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        return ModelSpec(_resolved(self.model, "model"), self.model_options(), self.head_layers)
+
+    @property
+    def init_spec(self) -> InitSpec:
+        return InitSpec(self.pretrained, self.weights, self.backbone, self.pretrain_epochs,
+                        self.pretrain_lr)
+
+    @property
+    def lora_spec(self) -> LoRASpec:
+        return LoRASpec(self.lora_rank, self.lora_alpha, self.lora_targets)
+
+    @property
+    def federation_spec(self) -> FederationSpec:
+        return FederationSpec(self.num_clients, self.frac, self.rounds, self.resolved_eval_every)
+
+    @property
+    def local_spec(self) -> LocalSpec:
+        return LocalSpec(self.local_epochs, self.batch_size, _resolved(self.lr, "lr"),
+                         _resolved(self.optimizer, "optimizer"), self.momentum, self.weight_decay,
+                         _resolved(self.max_grad_norm, "max_grad_norm"))
+
+    @property
+    def runtime_spec(self) -> RuntimeSpec:
+        return RuntimeSpec(self.seed, self.device, self.executor, self.out)
+
+
+# Settings left unset (None) that no algorithm or sweep gave a value: the plain defaults.
+BASE_DEFAULTS: dict[str, Any] = {"model": "cnn", "public_frac": 0.0, "optimizer": "sgd",
+                                 "lr": 0.01, "max_grad_norm": 0.0}
+AUTO_FIELDS = tuple(BASE_DEFAULTS)
+
+# Defaults of a LoRA run for the settings left unset (re-exported as ``lora.RUN_DEFAULTS``; kept
+# here so the CLI can show them without importing torch): LoRA needs a transformer and a
+# pretrained backbone, which offline means one pretrained on a public fraction of the data
+# (SPEC §4, "Backbone for LoRA methods"); Adam as in the LoRA papers.
 LORA_RUN_DEFAULTS: dict[str, Any] = {
     "model": "vit_tiny_patch16_224",
     "model_option": ("depth=6", "embed_dim=64", "num_heads=4"),
@@ -102,16 +158,157 @@ LORA_RUN_DEFAULTS: dict[str, Any] = {
     "optimizer": "adam",
     "lr": 1e-3,
 }
+LORA_DEFAULT_RANK = 8  # LoRA algorithms' rank (FedSDG, FlexLoRA homo) when --lora-rank is unset
 
 
-def apply_lora_run_defaults(config: RunConfig, explicit: set[str]) -> tuple[RunConfig, dict[str, Any]]:
-    """``config`` with ``LORA_RUN_DEFAULTS`` for the fields not in ``explicit``, and what changed.
+def _resolved(value: Any, name: str) -> Any:
+    if value is None:
+        raise RuntimeError(f"{name} is unset: resolve the config first (config.resolve)")
+    return value
 
-    The model options belong to the default model: an explicit ``--model`` keeps its own."""
-    explicit = explicit | ({"model_option"} if "model" in explicit else set())
-    applied = {name: value for name, value in LORA_RUN_DEFAULTS.items()
-               if name not in explicit and getattr(config, name) != value}
+
+@dataclass(frozen=True)
+class DataSpec:
+    dataset: str
+    options: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    name: str
+    num_clients: int
+    alpha: float
+    shards_per_client: int
+    min_size: int
+    test_frac: float
+    public_frac: float
+    seed: int
+
+    def identity(self) -> dict[str, Any]:
+        """The settings the partitioner reads (alpha only for Dirichlet ones, shards for shards)."""
+        read = {"partition": self.name, "num_clients": self.num_clients, "test_frac": self.test_frac,
+                "public_frac": self.public_frac}
+        if self.name.startswith("dirichlet"):
+            read.update(alpha=self.alpha, min_size=self.min_size)
+        if self.name == "shards":
+            read["shards_per_client"] = self.shards_per_client
+        return read
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    options: dict[str, Any]
+    head_layers: int
+
+
+@dataclass(frozen=True)
+class InitSpec:
+    pretrained: bool
+    weights: str | None
+    backbone: str
+    pretrain_epochs: int
+    pretrain_lr: float
+
+    def pretrains(self, uses_lora: bool) -> bool:
+        """Whether the run starts from a backbone pretrained on the public fraction."""
+        if self.weights or self.pretrained or self.backbone == "random":
+            return False
+        return self.backbone == "public" or uses_lora
+
+
+@dataclass(frozen=True)
+class LoRASpec:
+    rank: int | None
+    alpha: float
+    targets: str
+
+
+@dataclass(frozen=True)
+class FederationSpec:
+    num_clients: int
+    frac: float
+    rounds: int
+    eval_every: int
+
+
+@dataclass(frozen=True)
+class LocalSpec:
+    epochs: int
+    batch_size: int
+    lr: float
+    optimizer: str
+    momentum: float
+    weight_decay: float
+    max_grad_norm: float
+
+    def identity(self) -> dict[str, Any]:
+        read = {"local_epochs": self.epochs, "batch_size": self.batch_size, "lr": self.lr,
+                "optimizer": self.optimizer, "weight_decay": self.weight_decay,
+                "max_grad_norm": self.max_grad_norm}
+        if self.optimizer == "sgd":
+            read["momentum"] = self.momentum
+        return read
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    seed: int
+    device: str
+    executor: str
+    out: str
+
+
+def resolve(config: RunConfig, algorithm: Any, hparams: Any,
+            shared_defaults: dict[str, Any] | None = None) -> tuple[RunConfig, dict[str, Any]]:
+    """Fill the unset (None) settings: the algorithm's ``run_defaults`` first, then
+    ``shared_defaults`` (a sweep gives every run of a LoRA grid the same model and data), then
+    ``BASE_DEFAULTS``. Returns the resolved config and the values filled in. The same function
+    serves ``run``, ``sweep`` and library calls."""
+    defaults = {**BASE_DEFAULTS, **(shared_defaults or {}), **algorithm.run_defaults(config, hparams)}
+    applied = {name: defaults[name] for name in AUTO_FIELDS if getattr(config, name) is None}
+    if config.model is None and not config.model_option and "model_option" in defaults:
+        applied["model_option"] = tuple(defaults["model_option"])
     return dataclasses.replace(config, **applied), applied
+
+
+def run_identity(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dict[str, Any]:
+    """Exactly the settings a resolved run reads: an inert option (``--shards-per-client`` under
+    Dirichlet, ``--lora-alpha`` without LoRA, ``--momentum`` with Adam, ...) is left out."""
+    lora_rank = algorithm.lora_rank(config, hyperparameters)
+    init = config.init_spec
+    identity: dict[str, Any] = {
+        "algo": config.algo, "dataset": config.dataset, "dataset_options": config.dataset_options(),
+        **config.partition_spec.identity(), "seed": config.seed,
+        "model": config.model, "model_options": config.model_options(),
+        "rounds": config.rounds, "frac": config.frac, "eval_every": config.resolved_eval_every,
+        **config.local_spec.identity(),
+        "device": config.device.split(":")[0],
+        "algo_hparams": dataclasses.asdict(hyperparameters)}
+    if getattr(algorithm, "uses_head_layers", False) or lora_rank is not None:
+        identity["head_layers"] = config.head_layers
+    if config.executor != "sequential":
+        identity["executor"] = config.executor
+    if config.pretrained or config.weights:
+        identity.update(pretrained=config.pretrained, weights=config.weights)
+    if init.pretrains(lora_rank is not None):
+        identity.update(backbone="public", pretrain_epochs=config.pretrain_epochs,
+                        pretrain_lr=config.pretrain_lr)
+    if lora_rank is not None:
+        identity.update(lora_rank=lora_rank, lora_alpha=config.lora_alpha,
+                        lora_targets=config.lora_targets)
+    return identity
+
+
+def identity_hash(identity: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def run_name(config: RunConfig, algorithm: Any, hyperparameters: Any) -> str:
+    """``<algo>__<dataset>__<partition>__s<seed>__<hash>`` with a hash of every setting read."""
+    digest = identity_hash(run_identity(config, algorithm, hyperparameters))
+    split = f"a{config.alpha:g}" if config.partition.startswith("dirichlet") else config.partition
+    return f"{config.algo}__{config.dataset}__{split}__s{config.seed}__{digest}"
 
 
 def _key_values(items: tuple[str, ...], flag: str) -> dict[str, Any]:
@@ -134,7 +331,7 @@ def _parse_scalar(text: str) -> Any:
 
 
 def validate(config: RunConfig) -> None:
-    """Raise ConfigError naming the first bad value and what would be valid."""
+    """Raise ConfigError naming the first bad value and what would be valid (a resolved config)."""
     checks = [
         (math.isfinite(config.alpha) and config.alpha > 0, f"--alpha must be a finite number > 0, got {config.alpha}"),
         (config.num_clients >= 1, f"--num-clients must be ≥ 1, got {config.num_clients}"),
@@ -147,7 +344,9 @@ def validate(config: RunConfig) -> None:
         (config.min_size >= 2, f"--min-size must be ≥ 2 (a train and a test sample), got {config.min_size}"),
         (config.eval_every is None or config.eval_every >= 1, f"--eval-every must be ≥ 1, got {config.eval_every}"),
         (config.head_layers >= 1, f"--head-layers must be ≥ 1, got {config.head_layers}"),
-        (config.max_grad_norm is None or config.max_grad_norm > 0, f"--max-grad-norm must be > 0, got {config.max_grad_norm}"),
+        (math.isfinite(config.max_grad_norm) and config.max_grad_norm >= 0,
+         f"--max-grad-norm must be ≥ 0 (0 = no clipping), got {config.max_grad_norm}"),
+        (config.seed >= 0, f"--seed must be ≥ 0, got {config.seed}"),
         (config.momentum >= 0 and config.weight_decay >= 0, "--momentum and --weight-decay must be ≥ 0"),
         (0 <= config.public_frac < 1, f"--public-frac must be in [0, 1), got {config.public_frac}"),
         (config.lora_rank is None or config.lora_rank >= 1, f"--lora-rank must be ≥ 1, got {config.lora_rank}"),
@@ -187,18 +386,3 @@ def hyperparameters_from(cls: type, values: dict[str, Any], algo: str) -> Any:
     if check is not None:
         check()
     return hyperparameters
-
-
-def run_identity(config: RunConfig, hyperparameters: Any) -> dict[str, Any]:
-    """The settings that determine the numbers (output location excluded)."""
-    identity = dataclasses.asdict(config)
-    identity.pop("out")
-    identity["algo_hparams"] = dataclasses.asdict(hyperparameters)
-    return identity
-
-
-def run_name(config: RunConfig, hyperparameters: Any) -> str:
-    """``<algo>__<dataset>__a<alpha>__s<seed>__<hash>`` with a hash of every setting."""
-    digest = hashlib.sha256(json.dumps(run_identity(config, hyperparameters), sort_keys=True,
-                                       default=str).encode()).hexdigest()[:8]
-    return f"{config.algo}__{config.dataset}__a{config.alpha:g}__s{config.seed}__{digest}"

@@ -6,7 +6,8 @@ base layer at init) and s = α/r.
 
 Heterogeneous ranks: the factors are allocated at the run's largest rank r_max and only the
 first ``active_rank`` components are used (scaling α/active_rank), so one working model serves
-clients of different ranks (FlexLoRA sets ``active_rank`` per client).
+clients of different ranks. ``active_rank`` is a (non-trainable, int64) buffer, i.e. model *state*:
+FlexLoRA's client program sets it per client in the state it assembles, like any tensor.
 
 Extra branches (FedSDG's gated private pair): a subclass adds its parameters and overrides
 ``adapter`` and ``delta_weight`` with sums of ``branch``/``branch_delta`` over its branches,
@@ -22,8 +23,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .config import LORA_DEFAULT_RANK, LORA_RUN_DEFAULTS
 from .errors import ConfigError
 from .models import head_parameter_names
+
+
+# Defaults of a LoRA run and the rank of LoRA algorithms: owned here, stored torch-free in config.
+DEFAULT_RANK = LORA_DEFAULT_RANK
+RUN_DEFAULTS = LORA_RUN_DEFAULTS
 
 
 class LoRALinear(nn.Module):
@@ -37,7 +44,7 @@ class LoRALinear(nn.Module):
         self.base = base.requires_grad_(False)
         self.alpha = float(alpha)
         self.max_rank = rank
-        self.active_rank = rank
+        self.register_buffer("active_rank", torch.tensor(rank, device=base.weight.device))
         factory = {"device": base.weight.device, "dtype": base.weight.dtype}
         self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, **factory))
         self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, **factory))
@@ -46,21 +53,25 @@ class LoRALinear(nn.Module):
     @property
     def scaling(self) -> float:
         """s = α / active_rank."""
-        return self.alpha / self.active_rank
+        return self.alpha / self.rank
+
+    @property
+    def rank(self) -> int:
+        return int(self.active_rank)
 
     def set_active_rank(self, rank: int) -> None:
         if not 1 <= rank <= self.max_rank:
             raise ValueError(f"active rank {rank} is not in [1, {self.max_rank}]")
-        self.active_rank = rank
+        self.active_rank.fill_(rank)
 
     def branch(self, x: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tensor) -> torch.Tensor:
         """s·x A[:r]ᵀ B[:, :r]ᵀ: [..., in] → [..., out] (r = active rank)."""
-        r = self.active_rank
+        r = self.rank
         return F.linear(F.linear(x, lora_A[:r]), lora_B[:, :r]) * self.scaling
 
     def branch_delta(self, lora_A: torch.Tensor, lora_B: torch.Tensor) -> torch.Tensor:
         """s·B[:, :r]·A[:r]: the branch's weight update [out, in]."""
-        r = self.active_rank
+        r = self.rank
         return self.scaling * (lora_B[:, :r] @ lora_A[:r])
 
     def adapter(self, x: torch.Tensor) -> torch.Tensor:
@@ -86,7 +97,7 @@ class LoRALinear(nn.Module):
         return merged
 
     def extra_repr(self) -> str:
-        return f"rank={self.max_rank}, active_rank={self.active_rank}, alpha={self.alpha:g}"
+        return f"rank={self.max_rank}, active_rank={self.rank}, alpha={self.alpha:g}"
 
 
 def parse_targets(text: str) -> list[str]:
@@ -98,14 +109,14 @@ def parse_targets(text: str) -> list[str]:
 
 
 def apply_lora(model: nn.Module, rank: int, alpha: float, targets: Sequence[str],
-               layer_class: type[LoRALinear] = LoRALinear) -> list[str]:
+               layer_class: type[LoRALinear] = LoRALinear, head_layers: int = 1) -> list[str]:
     """Wrap every ``nn.Linear`` whose name ends with a target; freeze all but LoRA and the head.
 
     A target matches a module named ``target`` or ``….target`` (``attn.proj`` matches
-    ``blocks.3.attn.proj``). The classifier head (``head_parameter_names``) stays trainable and
-    is never wrapped. Returns the adapted module names.
+    ``blocks.3.attn.proj``). The head (the last ``head_layers`` layers, ``head_parameter_names``)
+    stays trainable and is never wrapped. Returns the adapted module names.
     """
-    head = head_parameter_names(model)
+    head = head_parameter_names(model, head_layers)
     linears = [name for name, module in model.named_modules()
                if isinstance(module, nn.Linear) and f"{name}.weight" not in head]
     adapted: list[str] = []

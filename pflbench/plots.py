@@ -147,33 +147,3 @@ def plot_curves(bands: pd.DataFrame, paths: Sequence[str | Path], x_label: str, 
         figure.savefig(path, format=path.suffix[1:].lower() or "png", dpi=150)
         written.append(path)
     return written
-
-
-def plot_gate_heatmap(gates: Sequence[Sequence[float]] | np.ndarray, path: str | Path,
-                      block_labels: Sequence[str] | None = None, title: str = "") -> Path:
-    """Client × block heatmap of gate values m ∈ [0, 1] (FedSDG), saved as PNG/PDF by suffix."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    matrix = np.asarray(gates, dtype=float)
-    if matrix.ndim != 2 or matrix.size == 0:
-        raise ConfigError(f"gate values must be a non-empty clients × blocks matrix, got shape {matrix.shape}")
-    path = Path(path)
-    path = path if path.suffix else path.with_suffix(".png")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    num_clients, num_blocks = matrix.shape
-    figure = Figure(figsize=(max(4.0, 0.6 * num_blocks + 2), min(24.0, max(3.0, 0.22 * num_clients + 1.5))))
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
-    image = axes.imshow(matrix, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
-    axes.set_xlabel("block")
-    axes.set_ylabel("client")
-    axes.set_xticks(range(num_blocks), block_labels or [str(i) for i in range(num_blocks)],
-                    rotation=45 if block_labels else 0, fontsize=8)
-    step = max(1, num_clients // 40)
-    axes.set_yticks(range(0, num_clients, step))
-    figure.colorbar(image, ax=axes, label="gate m = sigmoid(a)")
-    axes.set_title(title or "FedSDG gates per client and block")
-    figure.tight_layout()
-    figure.savefig(path, dpi=150)
-    return path

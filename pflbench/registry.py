@@ -108,3 +108,63 @@ def load_plugin_file(path: str | Path) -> None:
 
 
 REGISTRIES = (ALGORITHMS, DATASETS, MODELS, PARTITIONERS)
+
+
+def _decorated_names(source: str, kind: str) -> list[tuple[str, str]]:
+    """(name, first docstring line) of every ``@register_<kind>("name")`` in ``source``."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.ClassDef, ast.FunctionDef)):
+            continue
+        for decorator in node.decorator_list:
+            call = decorator if isinstance(decorator, ast.Call) else None
+            func = call.func if call else None
+            name = getattr(func, "id", None) or getattr(func, "attr", None)
+            if name == f"register_{kind}" and call.args and isinstance(call.args[0], ast.Constant):
+                doc = (ast.get_docstring(node) or "").strip().splitlines()
+                paper = next((stmt.value.value for stmt in getattr(node, "body", [])
+                              if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant)
+                              and any(getattr(t, "id", None) == "paper" for t in stmt.targets)), "")
+                line = doc[0] if doc else ""
+                found.append((str(call.args[0].value), f"{line} [{paper}]" if paper else line))
+    return found
+
+
+def describe(registry: Registry, plugin_files: tuple[str, ...] = ()) -> dict[str, str]:
+    """Name → one-line description of every plugin, read from the sources without importing
+    them (``pflbench list`` must not pay for torch). A module whose registrations cannot be read
+    statically is imported instead."""
+    import importlib.util
+
+    kind = {"algorithm": "algorithm", "dataset": "dataset", "model": "model",
+            "partitioner": "partitioner"}[registry.kind]
+    sources: list[tuple[str, str | None]] = []
+    for entry_point in entry_points(group=registry.entry_point_group):
+        module = entry_point.value.split(":")[0]
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            spec = None
+        sources.append((module, spec.origin if spec and spec.origin else None))
+    sources += [(str(path), str(path)) for path in plugin_files]
+    described: dict[str, str] = {}
+    for module, origin in sources:
+        try:
+            found = _decorated_names(Path(origin).read_text(), kind) if origin else []
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            found = []
+        if not found:  # registered dynamically: import and read the registry
+            before = set(registry._items)
+            if origin in plugin_files:
+                load_plugin_file(origin)
+            else:
+                try:
+                    importlib.import_module(module)
+                except Exception as error:  # a broken plugin must not hide the others
+                    print(f"warning: could not load {registry.kind} plugin {module!r}: {error}", file=sys.stderr)
+            found = [(name, ((registry._items[name].__doc__ or "").strip().splitlines() or [""])[0])
+                     for name in set(registry._items) - before]
+        described.update(found)
+    return dict(sorted(described.items()))

@@ -1,25 +1,28 @@
-"""Build a run from a RunConfig and execute it: data → partition → model → server → results."""
+"""Build a run from a RunConfig and execute it, as a straight pipeline of named stages:
+resolve → validate → data → partition → initial weights → model → algorithm → executor; then the
+federation's rounds with the result writer (and any other observers) watching."""
 from __future__ import annotations
 
+import dataclasses
 import platform
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
 from . import __version__
-from .config import (RunConfig, apply_lora_run_defaults, hyperparameters_from, run_identity,
+from .config import (RunConfig, hyperparameters_from, identity_hash, resolve, run_identity,
                      run_name, validate)
 from .data import FederatedData, TensorDataset, load_dataset
-from .engine import Server
+from .engine import EXECUTORS, Algorithm, Executor, Federation, Observer, RunObserver
+from .engine.observers import RoundCallback
 from .errors import ConfigError
 from .metrics import summarize
-from .lora import apply_lora, parse_targets
 from .models import build_model
 from .partition import partition, partition_stats, split_train_test
 from .pretrain import initial_weights, load_initial_weights, public_split
@@ -79,53 +82,78 @@ def git_commit() -> str | None:
 
 @dataclass
 class PreparedRun:
-    config: RunConfig
-    server: Server
+    config: RunConfig  # resolved
+    algorithm: Algorithm
+    executor: Executor
     partition: Partition
     dataset: TensorDataset
+    data: FederatedData
     run_dir: Path
-    resolved: dict[str, Any]  # how the model was obtained (backbone, LoRA, defaults applied)
+    resolved: dict[str, Any]  # how the run was resolved (defaults filled, backbone, LoRA)
+
+    @property
+    def server(self) -> Algorithm:  # the name before the executor seam
+        return self.algorithm
+
+
+def check_model(config: RunConfig, algorithm_class: type[Algorithm], hparams: Any,
+                dataset: TensorDataset) -> None:
+    """Build and transform a throwaway model, so that bad model options, LoRA targets or ranks
+    fail before any expensive stage (pretraining)."""
+    with torch.random.fork_rng(devices=[]):
+        model = build_model(config.model, dataset.input_shape, dataset.num_classes, **config.model_options())
+        algorithm_class.configure_model(model, config, hparams)
 
 
 def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None,
-            explicit: set[str] | None = None) -> PreparedRun:
-    """Validate everything and build the server; nothing is written yet.
+            shared_defaults: dict[str, Any] | None = None) -> PreparedRun:
+    """Resolve, validate and build everything; nothing is written yet.
 
-    ``explicit``: the RunConfig fields the user set (the CLI passes them); a LoRA run takes
-    ``LORA_RUN_DEFAULTS`` for the others. ``None`` (library use): ``config`` is taken as is.
-    """
-    server_class = ALGORITHMS.get(config.algo)
-    hparams = hyperparameters_from(server_class.hyperparameters, dict(algo_options or {}), config.algo)
-    lora_rank = server_class.lora_rank(config, hparams)
-    resolved: dict[str, Any] = {}
-    if lora_rank is not None and explicit is not None:
-        config, resolved["lora_run_defaults"] = apply_lora_run_defaults(config, explicit)
+    Unset settings (``None``) take the algorithm's run defaults (``Algorithm.run_defaults``), then
+    ``shared_defaults`` (a sweep's), then ``config.BASE_DEFAULTS`` — identically for the CLI,
+    sweeps and library calls."""
+    algorithm_class = ALGORITHMS.get(config.algo)
+    hparams = hyperparameters_from(algorithm_class.hyperparameters, dict(algo_options or {}), config.algo)
+    config, applied = resolve(config, algorithm_class, hparams, shared_defaults)
     validate(config)
+    algorithm_class.check_config(config, hparams)
+    if config.executor not in EXECUTORS:
+        raise ConfigError(f"--executor {config.executor!r} is not one of: {', '.join(EXECUTORS)}")
+    lora_rank = algorithm_class.lora_rank(config, hparams)
+    resolved: dict[str, Any] = {"run_defaults": applied}
     device = resolve_device(config.device)
     dataset = load_dataset(config.dataset, config.dataset_options())
     split = make_partition(config, dataset)
+    if config.init_spec.pretrains(lora_rank is not None):
+        check_model(config, algorithm_class, hparams, dataset)
     weights, backbone = initial_weights(config, dataset, split.public, device, lora_rank is not None)
     torch.manual_seed(derive_seed(config.seed, "init"))
     model = build_model(config.model, dataset.input_shape, dataset.num_classes,
                         pretrained=config.pretrained, **config.model_options())
     resolved["backbone"] = load_initial_weights(model, weights, backbone, config, split.public)
-    if lora_rank is not None:
-        adapted = apply_lora(model, lora_rank, config.lora_alpha, parse_targets(config.lora_targets),
-                             server_class.lora_layer_class)
-        resolved["lora"] = {"rank": lora_rank, "alpha": config.lora_alpha, "adapted_layers": adapted}
+    resolved.update(algorithm_class.configure_model(model, config, hparams))
     model.to(device)
     data = FederatedData(dataset, split.train, split.test, device)
-    server = server_class(config, hparams, model, data)
-    torch.manual_seed(derive_seed(config.seed, "train"))  # dropout and friends during training
-    run_dir = Path(config.out) / "runs" / run_name(config, hparams)
-    return PreparedRun(config, server, split, dataset, run_dir, resolved)
+    algorithm = algorithm_class(config, hparams, model, data.num_train)
+    executor = EXECUTORS[config.executor](model, data)
+    run_dir = Path(config.out) / "runs" / run_name(config, algorithm_class, hparams)
+    return PreparedRun(config, algorithm, executor, split, dataset, data, run_dir, resolved)
 
 
 def config_record(prepared: PreparedRun, plugins: tuple[str, ...] = ()) -> dict[str, Any]:
-    server, config = prepared.server, prepared.config
+    """config.json: every resolved setting, the identity (the settings the run reads), how the
+    run was resolved, and the environment."""
+    algorithm, config = prepared.algorithm, prepared.config
+    identity = run_identity(config, type(algorithm), algorithm.hparams)
+    model = prepared.executor.model
+    sizes = {n: t.numel() for n, t in model.named_parameters()}
+    buffers = {n: t.numel() for n, t in model.named_buffers()}
+    count = {**buffers, **sizes}
     return {
-        **run_identity(config, server.hparams),
-        "out": config.out,
+        **dataclasses.asdict(config),
+        "algo_hparams": dataclasses.asdict(algorithm.hparams),
+        "identity": identity,
+        "identity_hash": identity_hash(identity),
         "plugins": list(plugins),
         "resolved": {
             "eval_every": config.resolved_eval_every,
@@ -134,11 +162,11 @@ def config_record(prepared: PreparedRun, plugins: tuple[str, ...] = ()) -> dict[
             "dataset_size": len(prepared.dataset.labels),
             "input_shape": list(prepared.dataset.input_shape),
             "num_classes": prepared.dataset.num_classes,
-            "model_parameters": sum(p.numel() for p in server.model.parameters()),
-            "shared_parameters": sum(server.state[n].numel() for n in server.shared_names),
-            "private_parameters": sum(server.state[n].numel() for n in server.private_names),
+            "model_parameters": sum(sizes.values()),
+            "shared_parameters": sum(count[n] for n in algorithm.layout.shared),
+            "private_parameters": sum(count[n] for n in algorithm.layout.private),
             **prepared.resolved,
-            **server.run_info(),
+            **algorithm.run_info(),
         },
         "versions": {"pflbench": __version__, "python": platform.python_version(),
                      "torch": torch.__version__, "numpy": np.__version__},
@@ -147,45 +175,60 @@ def config_record(prepared: PreparedRun, plugins: tuple[str, ...] = ()) -> dict[
     }
 
 
+class WriterObserver(Observer):
+    """Writes config.json and partition.json at the start and one rounds.jsonl line per round."""
+
+    def __init__(self, prepared: PreparedRun, plugins: tuple[str, ...]) -> None:
+        self.prepared, self.plugins = prepared, plugins
+        self.records: list[dict[str, Any]] = []
+        self.writer = RunWriter(prepared.run_dir)
+
+    def on_run_start(self, run: Any) -> None:
+        self.writer.write_config(config_record(self.prepared, self.plugins))
+        self.writer.write_partition(self.prepared.partition.to_json())
+
+    def on_round_end(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        self.writer.write_round(record)
+
+
 def execute(prepared: PreparedRun, on_round: Callable[[dict[str, Any]], None] | None = None,
-            plugins: tuple[str, ...] = ()) -> dict[str, Any]:
+            plugins: tuple[str, ...] = (), observers: Sequence[RunObserver] = ()) -> dict[str, Any]:
     """Run the rounds, writing every file of the run folder; returns the summary."""
-    writer = RunWriter(prepared.run_dir)
-    writer.write_config(config_record(prepared, plugins))
-    writer.write_partition(prepared.partition.to_json())
-    records: list[dict[str, Any]] = []
-
-    def record_round(record: dict[str, Any]) -> None:
-        records.append(record)
-        writer.write_round(record)
-        if on_round is not None:
-            on_round(record)
-
+    writer = WriterObserver(prepared, plugins)
+    observers = [writer, *observers, *([RoundCallback(on_round)] if on_round else [])]
+    federation = Federation(prepared.algorithm, prepared.executor, prepared.data.num_test, observers)
+    for observer in observers:
+        observer.on_run_start(prepared)
     before: dict[str, Any] = {}
     if prepared.resolved["backbone"]["source"] != "random init":  # what fine-tuning starts from
-        metrics, _ = prepared.server.evaluate()
+        metrics, _ = federation.evaluate()
         before = {"backbone_pers_acc": metrics["pers_acc"], "backbone_global_acc": metrics["global_acc"]}
     started = time.perf_counter()
     try:
-        client_accuracy = prepared.server.run(record_round)
+        client_accuracy = federation.run()
     finally:
-        writer.close()
+        writer.writer.close()
     config = prepared.config
     stats = prepared.partition.stats
-    report, client_columns = prepared.server.final_report()
-    writer.write_clients([
+    report, client_columns = prepared.algorithm.final_report()
+    writer.writer.write_clients([
         {"client": k, "train_samples": stats["train_samples"][k], "test_samples": stats["test_samples"][k],
          "classes": stats["classes_per_client"][k], "pers_acc": float(client_accuracy[k]),
          **{column: values[k] for column, values in client_columns.items()}}
         for k in range(config.num_clients)])
     summary = {"algo": config.algo, "dataset": config.dataset, "alpha": config.alpha,
                "partition": config.partition, "seed": config.seed, "num_clients": config.num_clients,
-               "model": config.model, **summarize(records), **before, **report,
+               "model": config.model, **summarize(writer.records), **before, **report,
                "wall_time_s": time.perf_counter() - started, "run_dir": str(prepared.run_dir)}
-    writer.write_summary(summary)
+    writer.writer.write_summary(summary)
+    for observer in observers:
+        observer.on_run_end(summary)
     return summary
 
 
 def run_experiment(config: RunConfig, algo_options: dict[str, Any] | None = None,
-                   on_round: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    return execute(prepare(config, algo_options), on_round)
+                   on_round: Callable[[dict[str, Any]], None] | None = None,
+                   observers: Sequence[RunObserver] = ()) -> dict[str, Any]:
+    """Library entry point: prepare (resolving unset settings as the CLI does) and execute."""
+    return execute(prepare(config, algo_options), on_round, observers=observers)

@@ -10,13 +10,17 @@ import zlib
 
 import numpy as np
 
-STREAMS = ("partition", "split", "sampling", "init", "train", "public", "ranks")
+STREAMS = ("partition", "split", "sampling", "init", "train", "dropout", "public", "ranks")
 
 
 def derive_seed(seed: int, stream: str, *keys: int) -> int:
-    """A 63-bit seed for ``stream`` (and optional keys such as round and client id)."""
-    if stream not in STREAMS:
-        raise ValueError(f"unknown random stream {stream!r}; streams: {', '.join(STREAMS)}")
+    """A 63-bit seed for ``stream`` (and optional keys such as round and client id).
+
+    Core streams are listed in ``STREAMS``; a plugin uses its own namespace, ``"<algo>.<name>"``
+    (e.g. ``"ditto.personal"``), so it can never collide with a core stream."""
+    if stream not in STREAMS and "." not in stream:
+        raise ValueError(f"unknown random stream {stream!r}; streams: {', '.join(STREAMS)} "
+                         "or a plugin's '<name>.<stream>'")
     sequence = np.random.SeedSequence([seed, zlib.crc32(stream.encode()), *keys])
     return int(sequence.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 

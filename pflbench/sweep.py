@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .config import (RunConfig, apply_lora_run_defaults, field_types, hyperparameters_from, run_name,
-                     validate)
+from .config import RunConfig, field_types, hyperparameters_from, resolve, run_name, validate
 from .errors import ConfigError
 from .registry import ALGORITHMS, DATASETS
 from .results import write_json
@@ -154,39 +153,44 @@ def _product(axes: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
     return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
 
 
-def expand_grid(base: RunConfig, grid: Grid, explicit: set[str] | None = None) -> list[SweepRun]:
-    """Every combination, validated: dataset × α × seed × run axes, then each algorithm × its own
-    hyperparameter axes (a hyperparameter only multiplies the algorithms that have it).
+def expand_grid(base: RunConfig, grid: Grid) -> list[SweepRun]:
+    """Every combination, validated and resolved: dataset × α × seed × run axes, then each algorithm
+    × its own hyperparameter axes (a hyperparameter only multiplies the algorithms that have it).
 
-    ``explicit``: the options the user set (the CLI passes them). When any algorithm of the grid
-    is a LoRA run, ``LORA_RUN_DEFAULTS`` fill the other options of *every* run, so all runs share
-    the model and the public hold-out (the same client data). ``None``: ``base`` as given.
+    Each cell is resolved like a single run (``config.resolve`` with its own hyperparameters).
+    When any cell is a LoRA run, ``lora.RUN_DEFAULTS`` also fill the unset options of *every*
+    other cell, so all runs share the model and the public hold-out (the same client data).
     """
+    from .lora import RUN_DEFAULTS
+
     for name in grid.datasets:
         DATASETS.get(name)
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
     _check_axis_names(grid.axes, grid.algos, run_fields)
-    if explicit is not None and any(
-            ALGORITHMS.get(algo).lora_rank(base, ALGORITHMS.get(algo).hyperparameters()) is not None
-            for algo in grid.algos):
-        base, _ = apply_lora_run_defaults(base, explicit | set(grid.axes))
     run_axes = _typed_axes(grid.axes, RunConfig, [n for n in grid.axes if n in run_fields])
     hyperparameter_classes = {algo: ALGORITHMS.get(algo).hyperparameters for algo in grid.algos}
     algo_axes = {algo: _product(_typed_axes(grid.axes, cls, [f.name for f in dataclasses.fields(cls)
                                                              if f.name in grid.axes]))
                  for algo, cls in hyperparameter_classes.items()}
-    runs: dict[str, SweepRun] = {}
+    cells = []
     for dataset, alpha, seed, run_values in itertools.product(grid.datasets, grid.alphas, grid.seeds,
                                                               _product(run_axes)):
         for algo in grid.algos:
             for algo_values in algo_axes[algo]:
                 config = dataclasses.replace(base, algo=algo, dataset=dataset, alpha=alpha, seed=seed,
                                              **run_values)
-                validate(config)
-                resolve_device(config.device)
                 hparams = hyperparameters_from(hyperparameter_classes[algo], algo_values, algo)
-                name = run_name(config, hparams)
-                runs.setdefault(name, SweepRun(config, algo_values, {**run_values, **algo_values}, name))
+                cells.append((config, hparams, run_values, algo_values))
+    any_lora = any(ALGORITHMS.get(c.algo).lora_rank(c, h) is not None for c, h, _, _ in cells)
+    runs: dict[str, SweepRun] = {}
+    for config, hparams, run_values, algo_values in cells:
+        algorithm = ALGORITHMS.get(config.algo)
+        config, _ = resolve(config, algorithm, hparams, RUN_DEFAULTS if any_lora else None)
+        validate(config)
+        algorithm.check_config(config, hparams)
+        resolve_device(config.device)
+        name = run_name(config, algorithm, hparams)
+        runs.setdefault(name, SweepRun(config, algo_values, {**run_values, **algo_values}, name))
     return list(runs.values())
 
 

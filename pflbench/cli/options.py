@@ -14,9 +14,9 @@ from typing import Any
 
 import click
 
-from .config import RunConfig, field_types
-from .errors import ConfigError
-from .registry import ALGORITHMS, load_plugin_file
+from ..config import RunConfig, field_types
+from ..errors import ConfigError
+from ..registry import ALGORITHMS, load_plugin_file
 
 
 def _flag(name: str) -> str:

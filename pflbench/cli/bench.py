@@ -1,4 +1,4 @@
-"""``pflbench`` commands beyond a single run: sweep, leaderboard, pretrain, gates."""
+"""``pflbench sweep`` and ``pflbench leaderboard``: grids of runs and the tables made from them."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,13 +6,9 @@ from typing import Any
 
 import click
 
-from .cli_options import RunCommand, _flag, dataclass_options
-from .config import RunConfig
-from .errors import ConfigError
-
-PRETRAIN_FIELDS = ("dataset", "dataset_option", "data_dir", "model", "model_option", "public_frac",
-                   "pretrain_epochs", "pretrain_lr", "seed", "device")
-
+from .options import RunCommand, _flag, dataclass_options
+from ..config import RunConfig
+from ..errors import ConfigError
 
 SWEEP_SHARED = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name not in ("algo", "dataset", "alpha", "seed"))
 
@@ -21,7 +17,7 @@ def _sweep_axes(sets: tuple[str, ...], values: dict[str, Any], run_fields: set[s
     """--set axes plus single-valued algorithm options (--mu 0.1); an option given both ways is an error."""
     from click.core import ParameterSource
 
-    from .sweep import parse_sets
+    from ..sweep import parse_sets
 
     axes: dict[str, tuple[Any, ...]] = dict(parse_sets(sets))
     context = click.get_current_context()
@@ -38,18 +34,14 @@ def _sweep_callback(algos: str, datasets: str, alphas: str, seeds: str, sets: tu
                     quiet: bool, plugin: tuple[str, ...], **values: Any) -> int:
     from pathlib import Path
 
-    from click.core import ParameterSource
-
-    from .sweep import Grid, count_statuses, expand_grid, run_sweep, split_values, sweep_record_path
+    from ..sweep import Grid, count_statuses, expand_grid, run_sweep, split_values, sweep_record_path
 
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
     base = RunConfig(**{k: v for k, v in values.items() if k in run_fields})
     grid = Grid(split_values(algos, str, "--algos"), split_values(datasets, str, "--datasets"),
                 split_values(alphas, float, "--alphas"), split_values(seeds, int, "--seeds"),
                 _sweep_axes(sets, values, run_fields))
-    context = click.get_current_context()
-    explicit = {n for n in run_fields if context.get_parameter_source(n) is not ParameterSource.DEFAULT}
-    runs = expand_grid(base, grid, explicit)  # LoRA grids fill what is not explicit, for every run
+    runs = expand_grid(base, grid)  # every cell resolved like a run; LoRA grids share LoRA defaults
     record = sweep_record_path(base.out, grid, base)
 
     def report(index: int, run: Any, summary: dict[str, Any] | None) -> None:
@@ -126,9 +118,9 @@ def leaderboard_command(dirs: tuple[str, ...], metric: str, fmt: str, extra: str
     a warning; runs that differ in other settings get separate rows."""
     from pathlib import Path
 
-    from .leaderboard import load_runs, pivot, write_plots
-    from .sweep import split_values
-    from .tables import FORMATS
+    from ..leaderboard import load_runs, pivot, write_plots
+    from ..sweep import split_values
+    from ..tables import FORMATS
 
     if fmt == "all" and output is None:
         raise ConfigError("--format all writes one file per format; give --output FOLDER")
@@ -150,67 +142,3 @@ def leaderboard_command(dirs: tuple[str, ...], metric: str, fmt: str, extra: str
     if plots:
         for path in write_plots(frame, metric, plots):
             click.echo(f"plot: {path}")
-
-
-@click.command("pretrain")
-def pretrain_command(**values: Any) -> None:
-    """Pretrain a backbone on a public fraction of the data (given to no client) and cache it.
-
-    Runs with the same dataset, model, model options, --public-frac, --seed and pretraining
-    settings find it in the cache: LoRA runs by default, any run with --backbone public.
-    """
-    from .config import validate
-    from .data import load_dataset
-    from .pretrain import pretrain_backbone, public_split
-    from .runner import resolve_device
-
-    config = RunConfig(**values)
-    validate(config)
-    if config.public_frac <= 0:
-        raise ConfigError("--public-frac must be > 0: the backbone is trained on that public fraction")
-    dataset = load_dataset(config.dataset, config.dataset_options())
-    _, public = public_split(dataset.labels.numpy(), config.public_frac, config.seed)
-    backbone = pretrain_backbone(config, dataset, public, resolve_device(config.device))
-    click.echo(f"{'found cached' if backbone.from_cache else 'pretrained'} {config.model} on "
-               f"{len(public)} public samples of {config.dataset} ({backbone.num_train} train / "
-               f"{backbone.num_val} held back): held-back accuracy {backbone.val_accuracy:.4f}")
-    click.echo(f"weights: {backbone.path}")
-
-
-def _pretrain_options() -> list[click.Option]:
-    """The pretraining fields of RunConfig, defaulting to what a LoRA run uses."""
-    from .config import LORA_RUN_DEFAULTS
-
-    options = dataclass_options(RunConfig, PRETRAIN_FIELDS)
-    for option in options:
-        if option.name in LORA_RUN_DEFAULTS:
-            option.default, option.show_default = LORA_RUN_DEFAULTS[option.name], True
-    return options
-
-
-pretrain_command.params[:0] = _pretrain_options()
-
-
-@click.command("gates")
-@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
-@click.option("--plot", type=click.Path(dir_okay=False), help="Save the client × block heatmap (PNG/PDF).")
-def gates_command(run_dir: str, plot: str | None) -> None:
-    """Print (and plot) the per-client gate values of a FedSDG run."""
-    import json
-    from pathlib import Path
-
-    from .plots import plot_gate_heatmap
-
-    summary_path = Path(run_dir) / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    if "gates" not in summary:
-        raise ConfigError(f"{run_dir} has no gate values (a finished fedsdg run folder has them in summary.json)")
-    gates = summary["gates"]
-    click.echo(f"gates < 0.1: {summary['gate_frac_below_0.1']:.1%}   > 0.9: {summary['gate_frac_above_0.9']:.1%}"
-               f"   in [0.4, 0.6]: {summary['gate_frac_0.4_to_0.6']:.1%}   (clients trained: "
-               f"{summary['gates_clients_trained']})")
-    for client, row in enumerate(gates):
-        click.echo(f"{client:>4}  " + " ".join(f"{m:.2f}" for m in row))
-    if plot:
-        labels = [name.removesuffix(".gate") for name in summary.get("gate_blocks", [])] or None
-        click.echo(f"plot: {plot_gate_heatmap(gates, plot, labels)}")

@@ -4,14 +4,15 @@ The lower bound personalized methods must beat (often strong under heavy label s
 """
 from __future__ import annotations
 
-from pflbench.engine import Server
-from pflbench.registry import register_algorithm
+from pflbench import Algorithm, register_algorithm
 
 
 @register_algorithm("local")
-class Local(Server):
+class Local(Algorithm):
     """Everything is private: nothing is sent, nothing is aggregated, no global model."""
 
+    display_name = "Local"
+    paper = "baseline: no communication"
     has_global_model = False
 
     def select_shared(self, names: list[str]) -> list[str]:

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pflbench import ClientProgram, ConfigError, LocalPhase, option, register_algorithm
 from pflbench.algorithms.fedper import FedPer
-from pflbench.config import option
-from pflbench.engine import Client, LocalPhase
-from pflbench.errors import ConfigError
-from pflbench.registry import register_algorithm
 
 
 @dataclass(frozen=True)
@@ -26,18 +23,19 @@ class FedRepHyperparameters:
             raise ConfigError(f"--head-epochs must be ≥ 0, got {self.head_epochs}")
 
 
-class FedRepClient(Client):
-    def local_phases(self) -> list[LocalPhase]:
-        server = self.server
-        body = frozenset(n for n in server.trainable_names if n in set(server.shared_names))
-        head = frozenset(server.trainable_names) - body
-        return [LocalPhase(self.hparams.head_epochs, head),
-                LocalPhase(self.config.local_epochs, body)]
+class FedRepProgram(ClientProgram[FedRepHyperparameters]):
+    def local_phases(self, client_id: int) -> list[LocalPhase]:
+        layout = self.layout
+        body = frozenset(n for n in layout.trainable if n in set(layout.shared))
+        head = frozenset(layout.trainable) - body
+        return [LocalPhase(self.hparams.head_epochs, head), LocalPhase(self.local.epochs, body)]
 
 
 @register_algorithm("fedrep")
 class FedRep(FedPer):
     """FedPer with alternating local phases: head epochs (body frozen), then body epochs."""
 
+    display_name = "FedRep"
+    paper = "Collins et al., ICML 2021"
     hyperparameters = FedRepHyperparameters
-    client_class = FedRepClient
+    program_class = FedRepProgram

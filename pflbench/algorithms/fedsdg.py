@@ -8,7 +8,7 @@ on the client forever.
 
 Local loss: CE + λ₁·Σ_l |m_l| (or Σ_l min(m_l, 1 − m_l) with ``--gate-penalty bilateral``)
 + λ₂·‖θ_p‖²; Adam with three groups (shared ``--lr``, private ``--lr-private``, gates
-``--lr-gate``), no weight decay, gradient clipping. Server: alignment-weighted aggregation of
+``--lr-gate``), no weight decay, gradient clipping (``--max-grad-norm``, 1.0 unless set). Server: alignment-weighted aggregation of
 the shared updates (``fedsdg_server_aggregate``), or plain FedAvg with ``--server-agg fedavg``.
 """
 from __future__ import annotations
@@ -21,13 +21,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from pflbench.config import RunConfig, option
-from pflbench.engine import Client, ClientUpdate, Server, Tensors
-from pflbench.errors import ConfigError
-from pflbench.lora import LoRALinear, lora_layers
-from pflbench.registry import register_algorithm
-
-DEFAULT_RANK = 8
+from pflbench import (Algorithm, ClientProgram, ClientUpdate, ConfigError, OptimizerSpec,
+                      ParamGroup, RunConfig, Tensors, option, register_algorithm)
+from pflbench.engine import sample_weights
+from pflbench.lora import DEFAULT_RANK, LoRALinear, apply_lora, lora_layers, parse_targets
 PRIVATE_B_INIT_STD = 1e-4  # B_p small and A_p = 0: ΔW_p = 0, ‖θ_p‖² ≈ 0, A_p still gets gradient
 FALLBACK_THRESHOLD = 1e-6
 
@@ -158,7 +155,6 @@ class FedSDGHyperparameters:
                                choices=("l1", "bilateral"))
     lr_private: float = option(1e-3, "Adam learning rate of the private LoRA branch (η_p).")
     lr_gate: float = option(1e-2, "Adam learning rate of the gate logits (η_m).")
-    grad_clip: float = option(1.0, "Clip each local step's gradient norm to this value.")
     server_agg: str = option("alignment", "Server rule: alignment-weighted (FedSDG) or fedavg "
                              "(sample-weighted, for ablations).", choices=("alignment", "fedavg"))
     agg_epsilon: float = option(1e-8, "ε of the alignment weights.")
@@ -167,7 +163,7 @@ class FedSDGHyperparameters:
         for name in ("lambda1", "lambda2"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"--{name} must be ≥ 0, got {getattr(self, name)}")
-        for name in ("lr_private", "lr_gate", "grad_clip", "agg_epsilon"):
+        for name in ("lr_private", "lr_gate", "agg_epsilon"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
 
@@ -183,94 +179,111 @@ def private_penalty(private: list[torch.Tensor]) -> torch.Tensor:
     return sum(p.pow(2).sum() for p in private)
 
 
-class FedSDGClient(Client):
-    def __init__(self, server: "FedSDG") -> None:
-        super().__init__(server)
-        self.max_grad_norm = self.hparams.grad_clip
-        self.loss_weights = {"gate_penalty": self.hparams.lambda1, "private_penalty": self.hparams.lambda2}
+class FedSDGProgram(ClientProgram[FedSDGHyperparameters]):
+    def __init__(self, layout, hparams, local) -> None:
+        super().__init__(layout, hparams, local)
+        self.loss_weights = {"gate_penalty": hparams.lambda1, "private_penalty": hparams.lambda2}
 
     def loss_terms(self, forward, params, inputs, targets, received):
         terms = super().loss_terms(forward, params, inputs, targets, received)
-        server = self.server
-        terms["gate_penalty"] = gate_penalty([params[n] for n in server.gate_names], self.hparams.gate_penalty)
-        terms["private_penalty"] = private_penalty([params[n] for n in server.private_lora_names])
+        groups = self.layout.groups
+        terms["gate_penalty"] = gate_penalty([params[n] for n in groups["gates"]], self.hparams.gate_penalty)
+        terms["private_penalty"] = private_penalty([params[n] for n in groups["private_lora"]])
         return terms
 
-    def make_optimizer(self, params: dict[str, nn.Parameter]) -> torch.optim.Optimizer:
+    def optimizer(self) -> OptimizerSpec:
         """Adam (0.9, 0.999), no weight decay; groups: shared (--lr), private, gates."""
-        server, hparams = self.server, self.hparams
-        groups = [([p for n, p in params.items() if n in server.shared_set], self.config.lr),
-                  ([p for n, p in params.items() if n in server.private_lora_set], hparams.lr_private),
-                  ([p for n, p in params.items() if n in server.gate_set], hparams.lr_gate)]
-        return torch.optim.Adam([{"params": group, "lr": lr} for group, lr in groups if group],
-                                betas=(0.9, 0.999), weight_decay=0.0)
+        groups = self.layout.groups
+        return OptimizerSpec(kind="adam", lr=self.local.lr, betas=(0.9, 0.999), weight_decay=0.0,
+                             groups=(ParamGroup(frozenset(self.layout.shared), self.local.lr),
+                                     ParamGroup(frozenset(groups["private_lora"]), self.hparams.lr_private),
+                                     ParamGroup(frozenset(groups["gates"]), self.hparams.lr_gate)),
+                             max_grad_norm=self.max_grad_norm)
 
 
 @register_algorithm("fedsdg")
-class FedSDG(Server):
+class FedSDG(Algorithm[FedSDGHyperparameters]):
     """Shared + gated private LoRA per block; alignment-weighted aggregation of the shared part."""
 
+    display_name = "FedSDG"
+    paper = "design notes 000/001 (SPEC §4)"
     hyperparameters = FedSDGHyperparameters
-    client_class = FedSDGClient
-    lora_layer_class = GatedLoRALinear
+    program_class = FedSDGProgram
 
     @classmethod
     def lora_rank(cls, config: RunConfig, hparams: FedSDGHyperparameters) -> int:
         return config.lora_rank or DEFAULT_RANK
 
-    def __init__(self, config: RunConfig, hparams: FedSDGHyperparameters, model: nn.Module, data) -> None:
+    @classmethod
+    def run_defaults(cls, config: RunConfig, hparams: FedSDGHyperparameters) -> dict[str, Any]:
+        return {**super().run_defaults(config, hparams), "max_grad_norm": 1.0}
+
+    @classmethod
+    def check_config(cls, config: RunConfig, hparams: FedSDGHyperparameters) -> None:
+        """FedSDG's optimizer is fixed by its design (Adam, three groups, no weight decay)."""
         if config.weight_decay:
             raise ConfigError("fedsdg regularises only the private branch (λ₂, --lambda2); "
                               f"--weight-decay must be 0, got {config.weight_decay}")
-        self.block_names = attach_gates(model)
-        super().__init__(config, hparams, model, data)
+        if config.optimizer != "adam":
+            raise ConfigError(f"fedsdg always uses Adam; --optimizer {config.optimizer} would be ignored")
+        if config.momentum:
+            raise ConfigError(f"fedsdg uses Adam; --momentum {config.momentum} would be ignored")
+
+    @classmethod
+    def configure_model(cls, model: nn.Module, config: RunConfig, hparams: FedSDGHyperparameters) -> dict[str, Any]:
+        """LoRA with gated private pairs on every target, one gate per transformer block."""
+        rank = cls.lora_rank(config, hparams)
+        adapted = apply_lora(model, rank, config.lora_alpha, parse_targets(config.lora_targets),
+                             GatedLoRALinear, head_layers=config.head_layers)
+        attach_gates(model)
+        return {"lora": {"rank": rank, "alpha": config.lora_alpha, "adapted_layers": adapted}}
+
+    def __init__(self, config: RunConfig, hparams: FedSDGHyperparameters, model: nn.Module,
+                 num_train: list[int]) -> None:
+        self.block_names = [name for name, module in model.named_modules() if isinstance(module, BlockGate)]
+        if not self.block_names:
+            raise ConfigError("fedsdg found no adapted layer; check --lora-targets")
         self.gate_names = [f"{block}.lambda_k_logit" for block in self.block_names]
         self.private_lora_names = [f"{name}.{suffix}" for name in lora_layers(model)
                                    for suffix in ("lora_A_private", "lora_B_private")]
-        self.shared_set, self.gate_set = set(self.shared_names), set(self.gate_names)
-        self.private_lora_set = set(self.private_lora_names)
+        super().__init__(config, hparams, model, num_train)
         self.fallbacks = 0
+
+    def param_groups(self) -> dict[str, tuple[str, ...]]:
+        return {"gates": tuple(self.gate_names), "private_lora": tuple(self.private_lora_names)}
 
     def select_shared(self, names: list[str]) -> list[str]:
         """θ_g: shared LoRA pairs + head; private pairs and gates stay on the client."""
-        private = {f"{name}.{suffix}" for name, layer in self.model.named_modules()
-                   if isinstance(layer, GatedLoRALinear) for suffix in ("lora_A_private", "lora_B_private")}
-        gates = {f"{name}.lambda_k_logit" for name, module in self.model.named_modules()
-                 if isinstance(module, BlockGate)}
-        return [n for n in names if n not in private and n not in gates]
+        private = set(self.private_lora_names) | set(self.gate_names)
+        return [n for n in names if n not in private]
 
     def aggregate(self, updates: list[ClientUpdate]) -> None:
         if self.hparams.server_agg == "fedavg":
-            self._last_weights = [u.num_samples / sum(v.num_samples for v in updates) for u in updates]
+            self._last_weights = sample_weights(updates)
             return super().aggregate(updates)
         new, self._last_weights, fell_back = _aggregate(
             self.global_state, [u.params for u in updates], self.hparams.agg_epsilon)
         self.fallbacks += fell_back
-        self.load_into(self.global_state, new)
+        torch._foreach_copy_([self.global_state[n] for n in new], list(new.values()))
 
     def round_diagnostics(self, updates: list[ClientUpdate]) -> dict[str, Any]:
-        terms = {name: float(np.mean([u.loss_terms[name] for u in updates]))
-                 for name in ("task", "gate_penalty", "private_penalty")} if updates else {}
+        """Aggregation weights (the loss terms are logged by the engine as loss_<term>)."""
         stats = weight_statistics(self._last_weights) if updates else {}
-        return {"task_loss": terms.get("task"), "gate_penalty": terms.get("gate_penalty"),
-                "private_penalty": terms.get("private_penalty"), **stats,
-                "agg_fallbacks": self.fallbacks}
+        return {**stats, "agg_fallbacks": self.fallbacks}
 
-    def load_global_model(self) -> None:
+    def global_model(self) -> Tensors:
         """The shared model alone: every gate forced to m = 0 (logit −∞)."""
-        super().load_global_model()
-        with torch.no_grad():
-            for name in self.gate_names:
-                self.state[name].fill_(-math.inf)
+        state = super().global_model()
+        return {**state, **{n: torch.full_like(state[n], -math.inf) for n in self.gate_names}}
 
     def client_gates(self) -> np.ndarray:
         """K × L gate values m = sigmoid(a); never-trained clients keep the initial 0.5."""
         return np.array([[float(torch.sigmoid(self.store.get(k)[n].detach())) for n in self.gate_names]
-                         for k in range(self.data.num_clients)])
+                         for k in range(self.config.num_clients)])
 
     def final_report(self) -> tuple[dict[str, Any], dict[str, list[float]]]:
         gates = self.client_gates()
-        trained = [k for k in range(self.data.num_clients) if k in self.store]
+        trained = [k for k in range(self.config.num_clients) if k in self.store]
         values = gates[trained].ravel() if trained else gates.ravel()
         summary = {"gate_frac_below_0.1": float((values < 0.1).mean()),
                    "gate_frac_above_0.9": float((values > 0.9).mean()),

@@ -9,11 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pflbench.config import option
-from pflbench.engine import Client, Tensors
-from pflbench.errors import ConfigError
-from pflbench.registry import register_algorithm
-
+from pflbench import ClientProgram, ConfigError, Tensors, option, register_algorithm
 from pflbench.algorithms.fedavg import FedAvg
 
 
@@ -33,7 +29,7 @@ class FedProxHyperparameters:
             raise ConfigError(f"--mu must be ≥ 0, got {self.mu}")
 
 
-class FedProxClient(Client):
+class FedProxProgram(ClientProgram[FedProxHyperparameters]):
     def loss_terms(self, forward, params, inputs, targets, received):
         terms = super().loss_terms(forward, params, inputs, targets, received)
         terms["proximal"] = proximal_term(params, received, self.hparams.mu)
@@ -44,5 +40,7 @@ class FedProxClient(Client):
 class FedProx(FedAvg):
     """FedAvg with (μ/2)·‖w_k − w‖² added to every local loss."""
 
+    display_name = "FedProx"
+    paper = "Li et al., MLSys 2020"
     hyperparameters = FedProxHyperparameters
-    client_class = FedProxClient
+    program_class = FedProxProgram

@@ -1,8 +1,6 @@
-"""The ``pflbench`` command line: run, list, partition (and, from ``cli_commands``, sweep,
-leaderboard, pretrain, gates).
+"""``pflbench run``, ``pflbench list`` and ``pflbench partition``.
 
 Options are generated from the config dataclasses, so defaults and help live in one place.
-Bad input ends in one ``Error: ...`` line and exit code 2.
 """
 from __future__ import annotations
 
@@ -11,33 +9,21 @@ from typing import Any
 
 import click
 
-from .cli_commands import gates_command, leaderboard_command, pretrain_command, sweep
-from .cli_options import PflbenchGroup, RunCommand, dataclass_options
-from .config import RunConfig
-from .registry import ALGORITHMS, DATASETS, MODELS, PARTITIONERS, load_plugin_file
+from ..config import RunConfig
+from ..registry import ALGORITHMS, DATASETS, MODELS, PARTITIONERS
+from .options import RunCommand, dataclass_options
 
 PARTITION_FIELDS = ("dataset", "dataset_option", "data_dir", "partition", "alpha",
                     "shards_per_client", "min_size", "test_frac", "num_clients", "seed", "public_frac")
 
 
-@click.group(cls=PflbenchGroup, context_settings={"help_option_names": ["-h", "--help"],
-                                                   "max_content_width": 100})
-@click.version_option(package_name="pflbench")
-def cli() -> None:
-    """pflbench — personalized federated learning benchmarks."""
-
-
 def _run_callback(quiet: bool, plugin: tuple[str, ...], **values: Any) -> None:
-    from click.core import ParameterSource
-
-    from .runner import execute, prepare
+    from ..runner import execute, prepare
 
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
     config = RunConfig(**{k: v for k, v in values.items() if k in run_fields})
     algo_options = {k: v for k, v in values.items() if k not in run_fields and v is not None}
-    context = click.get_current_context()
-    explicit = {n for n in run_fields if context.get_parameter_source(n) is not ParameterSource.DEFAULT}
-    prepared = prepare(config, algo_options, explicit)  # LoRA runs fill what is not explicit
+    prepared = prepare(config, algo_options)  # unset settings take the algorithm's run defaults
     if quiet:
         summary = execute(prepared, plugins=plugin)
     else:
@@ -49,6 +35,28 @@ def _run_callback(quiet: bool, plugin: tuple[str, ...], **values: Any) -> None:
     click.echo(_summary_line(summary))
 
 
+class ProgressObserver:
+    """The progress bar: round, personalized accuracy, training loss (a run observer)."""
+
+    def __init__(self, progress: Any, task: Any) -> None:
+        self.progress, self.task, self.accuracy = progress, task, "-"
+
+    def on_run_start(self, run: Any) -> None:
+        pass
+
+    def on_client_update(self, job: Any, update: Any) -> None:
+        pass
+
+    def on_round_end(self, record: dict[str, Any]) -> None:
+        if record.get("pers_acc") is not None:
+            self.accuracy = f"{record['pers_acc']:.4f}"
+        status = f"round {record['round']}  pers_acc {self.accuracy}  loss {record['train_loss']:.4f}"
+        self.progress.update(self.task, advance=1, status=status)
+
+    def on_run_end(self, summary: dict[str, Any]) -> None:
+        pass
+
+
 def _execute_with_progress(prepared: Any, plugin: tuple[str, ...], execute: Any) -> dict[str, Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -57,15 +65,7 @@ def _execute_with_progress(prepared: Any, plugin: tuple[str, ...], execute: Any)
                TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, transient=False) as progress:
         task = progress.add_task(f"{config.algo} on {config.dataset}", total=config.rounds, status="")
-        last_accuracy = ["-"]
-
-        def on_round(record: dict[str, Any]) -> None:
-            if record.get("pers_acc") is not None:
-                last_accuracy[0] = f"{record['pers_acc']:.4f}"
-            status = f"round {record['round']}  pers_acc {last_accuracy[0]}  loss {record['train_loss']:.4f}"
-            progress.update(task, advance=1, status=status)
-
-        return execute(prepared, on_round, plugins=plugin)
+        return execute(prepared, plugins=plugin, observers=[ProgressObserver(progress, task)])
 
 
 def _summary_line(summary: dict[str, Any]) -> str:
@@ -78,47 +78,46 @@ def _summary_line(summary: dict[str, Any]) -> str:
             f"results: {summary['run_dir']}")
 
 
-run = RunCommand(
+run_command = RunCommand(
     "run", callback=_run_callback, help="Run one federated experiment and write its results folder.",
     params=[*dataclass_options(RunConfig),
             click.Option(["--quiet", "-q"], is_flag=True, help="No progress bar."),
             click.Option(["--plugin"], multiple=True, type=str,
                          help="Python file that registers an algorithm/dataset/model (repeatable).")])
-cli.add_command(run)
 
 
-@cli.command("list")
+@click.command("list")
 @click.argument("kind", required=False,
                 type=click.Choice(["algorithms", "datasets", "models", "partitioners"]))
 @click.option("--plugin", multiple=True, help="Python file that registers plugins (repeatable).")
 def list_command(kind: str | None, plugin: tuple[str, ...]) -> None:
     """List the registered plugins (all kinds, or one)."""
-    for path in plugin:
-        load_plugin_file(path)
+    from ..registry import describe
+
     registries = {"algorithms": ALGORITHMS, "datasets": DATASETS, "models": MODELS,
                   "partitioners": PARTITIONERS}
     for name, registry in registries.items():
         if kind not in (None, name):
             continue
         click.echo(f"{name}:")
-        for item_name, item in sorted(registry.items.items()):
-            doc = (item.__doc__ or "").strip().splitlines()
-            click.echo(f"  {item_name:<18} {doc[0] if doc else ''}")
+        for item_name, line in describe(registry, plugin).items():
+            click.echo(f"  {item_name:<18} {line}")
         if name == "models":
             click.echo(f"  {'<timm name>':<18} any timm model, e.g. vit_tiny_patch16_224, resnet18")
 
 
-@cli.command("partition")
+@click.command("partition")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Save a label-distribution plot (PNG/PDF).")
 @click.option("--save", type=click.Path(dir_okay=False), help="Save indices and statistics as JSON.")
 def partition_command(plot: str | None, save: str | None, **values: Any) -> None:
     """Partition a dataset and print per-client statistics."""
-    from .config import validate
-    from .data import load_dataset
-    from .results import write_json
-    from .runner import make_partition
+    from ..config import BASE_DEFAULTS, validate
+    from ..data import load_dataset
+    from ..results import write_json
+    from ..runner import make_partition
 
     config = RunConfig(**values)
+    config = dataclasses.replace(config, **{k: v for k, v in BASE_DEFAULTS.items() if getattr(config, k) is None})
     validate(config)
     dataset = load_dataset(config.dataset, config.dataset_options())
     split = make_partition(config, dataset)
@@ -139,7 +138,7 @@ def partition_command(plot: str | None, save: str | None, **values: Any) -> None
         write_json(Path(save), {"config": dataclasses.asdict(config), **split.to_json()})
         click.echo(f"saved {save}")
     if plot:
-        from .plots import plot_label_distribution
+        from ..plots import plot_label_distribution
 
         path = plot_label_distribution(stats["label_histogram"], plot,
                                        title=f"{config.dataset}, {config.partition}, α={config.alpha:g}, K={config.num_clients}")
@@ -147,15 +146,3 @@ def partition_command(plot: str | None, save: str | None, **values: Any) -> None
 
 
 partition_command.params[:0] = dataclass_options(RunConfig, PARTITION_FIELDS)
-
-
-for command in (sweep, leaderboard_command, pretrain_command, gates_command):
-    cli.add_command(command)
-
-
-def main() -> None:
-    cli()
-
-
-if __name__ == "__main__":
-    main()

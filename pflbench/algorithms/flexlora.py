@@ -11,7 +11,8 @@ approximation of ΔW. Clients upload only their rank-r_k factors.
 
 The server keeps the factors at the run's largest rank R; client k gets their first r_k
 components rescaled (``truncate_factors``), so the SVD runs once per layer per round. The global
-model (``global_acc``) is the rank-R approximation.
+model (``global_acc``) is the rank-R approximation. A client's rank is data: the shapes it
+receives; its program zero-pads the factors to R and sets each layer's ``active_rank`` buffer.
 """
 from __future__ import annotations
 
@@ -23,16 +24,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from pflbench.config import RunConfig, option
-from pflbench.data import FederatedData
-from pflbench.engine import Client, ClientUpdate, Server, Tensors, weighted_average
-from pflbench.errors import ConfigError
-from pflbench.lora import lora_layers
-from pflbench.registry import register_algorithm
+from pflbench import (Algorithm, ClientProgram, ClientUpdate, ConfigError, RunConfig, Tensors,
+                      option, register_algorithm)
+from pflbench.engine import sample_weights, weighted_average
+from pflbench.lora import DEFAULT_RANK, lora_layers
 from pflbench.seeding import rng_stream
 
 RANK_DISTRIBUTIONS = ("homo", "uniform", "heavy-tail")
-DEFAULT_HOMO_RANK = 8
 HEAVY_TAIL_SMALLEST = 0.8  # share of clients with the smallest rank under heavy-tail
 
 
@@ -139,7 +137,7 @@ class FlexLoRAHyperparameters:
 
     def possible_ranks(self, lora_rank: int | None) -> list[int]:
         if self.rank_dist == "homo":
-            return [lora_rank or DEFAULT_HOMO_RANK]
+            return [lora_rank or DEFAULT_RANK]
         if lora_rank is not None:
             raise ConfigError(f"--lora-rank is the rank of --rank-dist homo; with --rank-dist "
                               f"{self.rank_dist} the ranks come from --rank-set / the list")
@@ -148,41 +146,73 @@ class FlexLoRAHyperparameters:
         return parse_ranks(self.rank_dist, "--rank-dist")
 
 
-class FlexLoRAClient(Client):
+class FlexLoRAProgram(ClientProgram[FlexLoRAHyperparameters]):
+    lora_layers: tuple[str, ...] = ()  # set by FlexLoRA.make_program
+    max_rank: int = 0
+
+    def assemble(self, received: Tensors, private: Tensors) -> Tensors:
+        """Rank r_k = the rank received: A[:r], B[:, :r] zero-padded to R, ``active_rank`` = r."""
+        state = dict(received)
+        for name in self.lora_layers:
+            A, B = received[f"{name}.lora_A"], received[f"{name}.lora_B"]
+            rank = A.shape[0]
+            padded_A = A.new_zeros((self.max_rank, A.shape[1]))
+            padded_B = B.new_zeros((B.shape[0], self.max_rank))
+            padded_A[:rank] = A
+            padded_B[:, :rank] = B
+            state[f"{name}.lora_A"], state[f"{name}.lora_B"] = padded_A, padded_B
+            state[f"{name}.active_rank"] = torch.tensor(rank, device=A.device)
+        return {**state, **private}
+
     def upload(self, state: Tensors, received: Tensors) -> Tensors:
         """Only the client's own rank: each tensor cut to the shape it received (A[:r], B[:, :r])."""
         return {name: state[name][tuple(slice(0, n) for n in received[name].shape)].detach().clone()
-                for name in self.server.shared_names}
+                for name in self.layout.shared}
 
 
 @register_algorithm("flexlora")
-class FlexLoRA(Server):
+class FlexLoRA(Algorithm[FlexLoRAHyperparameters]):
     """LoRA with per-client ranks; full-size ΔW averaged, SVD-truncated to each client's rank."""
 
+    display_name = "FlexLoRA"
+    paper = "Bai et al., NeurIPS 2024"
     hyperparameters = FlexLoRAHyperparameters
-    client_class = FlexLoRAClient
+    program_class = FlexLoRAProgram
 
     @classmethod
     def lora_rank(cls, config: RunConfig, hparams: FlexLoRAHyperparameters) -> int:
         return max(hparams.possible_ranks(config.lora_rank))
 
+    @classmethod
+    def check_config(cls, config: RunConfig, hparams: FlexLoRAHyperparameters) -> None:
+        if hparams.rank_dist not in RANK_DISTRIBUTIONS:
+            listed = parse_ranks(hparams.rank_dist, "--rank-dist")
+            if len(listed) > config.num_clients:
+                raise ConfigError(f"--rank-dist lists {len(listed)} ranks for {config.num_clients} "
+                                  "clients; give at most one rank per client")
+
     def __init__(self, config: RunConfig, hparams: FlexLoRAHyperparameters, model: nn.Module,
-                 data: FederatedData) -> None:
-        super().__init__(config, hparams, model, data)
-        self.layers = lora_layers(model)
+                 num_train: list[int]) -> None:
+        self.layers = list(lora_layers(model))
         self.max_rank = self.lora_rank(config, hparams)
+        super().__init__(config, hparams, model, num_train)
         self.ranks = client_ranks(hparams.rank_dist, hparams.possible_ranks(config.lora_rank),
-                                  config.num_clients, config.lora_rank or DEFAULT_HOMO_RANK,
+                                  config.num_clients, config.lora_rank or DEFAULT_RANK,
                                   rng_stream(config.seed, "ranks"))
         factors = {f"{name}.lora_{part}" for name in self.layers for part in "AB"}
-        self.head_names = [n for n in self.shared_names if n not in factors]
+        self.head_names = [n for n in self.layout.shared if n not in factors]
         self.diagnostics: dict[str, Any] = {}
+
+    def make_program(self) -> FlexLoRAProgram:
+        program = super().make_program()
+        program.lora_layers, program.max_rank = tuple(self.layers), self.max_rank
+        return program
 
     def run_info(self) -> dict[str, Any]:
         return {"client_ranks": self.ranks, "lora_max_rank": self.max_rank}
 
     def clients_share_one_model(self) -> bool:
-        return len(set(self.ranks)) == 1 and not self.private_names
+        return len(set(self.ranks)) == 1 and not self.layout.private
 
     def broadcast(self, client_id: int) -> Tensors:
         sent, rank = dict(self.global_state), self.ranks[client_id]
@@ -192,38 +222,21 @@ class FlexLoRA(Server):
         return sent
 
     @torch.no_grad()
-    def load_client(self, client_id: int, received: Tensors) -> None:
-        """Rank r_k: A[:r], B[:, :r] from ``received``, the unused components zero."""
-        rank = self.ranks[client_id]
-        for name, layer in self.layers.items():
-            layer.set_active_rank(rank)
-            layer.lora_A.zero_()[:rank].copy_(received[f"{name}.lora_A"])
-            layer.lora_B.zero_()[:, :rank].copy_(received[f"{name}.lora_B"])
-        super().load_client(client_id, {n: received[n] for n in self.head_names})
-
-    def load_global_model(self) -> None:
-        for layer in self.layers.values():
-            layer.set_active_rank(self.max_rank)
-        super().load_global_model()
-
-    @torch.no_grad()
     def aggregate(self, updates: list[ClientUpdate]) -> None:
         if not updates:
             return
-        total = sum(u.num_samples for u in updates)
-        weights = [u.num_samples / total for u in updates]
-        self.load_into(self.global_state, weighted_average(
-            [{n: u.params[n] for n in self.head_names} for u in updates], weights))
+        weights = sample_weights(updates)
+        new = weighted_average([{n: u.params[n] for n in self.head_names} for u in updates], weights)
         started = time.perf_counter()
         alpha, energy = self.config.lora_alpha, {r: [] for r in sorted(set(self.ranks))}
         for name in self.layers:
             factors = [(u.params[f"{name}.lora_A"], u.params[f"{name}.lora_B"],
                         alpha / u.params[f"{name}.lora_A"].shape[0]) for u in updates]
             U, S, Vh = delta_svd(*stack_lora_factors(factors, weights), self.max_rank)
-            B, A = factors_from_svd(U, S, Vh, self.max_rank, alpha)
-            self.load_into(self.global_state, {f"{name}.lora_B": B, f"{name}.lora_A": A})
+            new[f"{name}.lora_B"], new[f"{name}.lora_A"] = factors_from_svd(U, S, Vh, self.max_rank, alpha)
             for rank, kept in energy.items():
                 kept.append(spectral_energy_kept(S, rank))
+        torch._foreach_copy_([self.global_state[n] for n in new], list(new.values()))
         self.diagnostics = {"server_svd_time_s": time.perf_counter() - started,
                             **{f"energy_kept_r{r}": float(np.mean(v)) for r, v in energy.items()}}
 

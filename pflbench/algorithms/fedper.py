@@ -7,16 +7,18 @@ uploaded and averaged (sample-weighted); each client keeps its head across round
 """
 from __future__ import annotations
 
-from pflbench.engine import Server
+from pflbench import Algorithm, register_algorithm
 from pflbench.models import head_parameter_names
-from pflbench.registry import register_algorithm
 
 
 @register_algorithm("fedper")
-class FedPer(Server):
+class FedPer(Algorithm):
     """Shared body averaged FedAvg-style; private head per client; no global model."""
 
+    display_name = "FedPer"
+    paper = "Arivazhagan et al., arXiv:1912.00818, 2019"
     has_global_model = False  # a body without a head has no accuracy of its own
+    uses_head_layers = True
 
     def select_shared(self, names: list[str]) -> list[str]:
         head = head_parameter_names(self.model, self.config.head_layers)

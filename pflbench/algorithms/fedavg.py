@@ -6,10 +6,12 @@ the server sets w ← Σ_k n_k·w_k / Σ_k n_k. All of this is the engine's defa
 """
 from __future__ import annotations
 
-from pflbench.engine import Server
-from pflbench.registry import register_algorithm
+from pflbench import Algorithm, register_algorithm
 
 
 @register_algorithm("fedavg")
-class FedAvg(Server):
+class FedAvg(Algorithm):
     """Sample-weighted averaging of full models; personalized accuracy = the global model."""
+
+    display_name = "FedAvg"
+    paper = "McMahan et al., AISTATS 2017"

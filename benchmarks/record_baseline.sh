@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Record rounds.jsonl of every built-in algorithm (small settings) into $1, to compare a
+# refactoring's numbers bit for bit: benchmarks/compare_rounds.py BEFORE AFTER.
+set -euo pipefail
+out=${1:?usage: record_baseline.sh OUTDIR}
+export OMP_NUM_THREADS=1 PFLBENCH_CACHE=${PFLBENCH_CACHE:-$out/cache}
+base="--dataset digits --alpha 0.3 --num-clients 8 --rounds 3 --lr 0.05 --quiet"
+lora="--pretrain-epochs 2 --rounds 2 --num-clients 6 --frac 0.5"
+run() { name=$1; shift; pflbench run "$@" --out "$out/$name" > /dev/null; echo "recorded $name"; }
+run fedavg   --algo fedavg   $base
+run fedavg_m --algo fedavg   $base --momentum 0.9 --max-grad-norm 1.0 --frac 0.5
+run fedprox  --algo fedprox  $base --mu 0.1
+run local    --algo local    $base
+run fedper   --algo fedper   $base
+run fedper_h2 --algo fedper  $base --head-layers 2 --model mlp
+run fedrep   --algo fedrep   $base --head-epochs 2
+run fedavg_lora --algo fedavg --lora-rank 4 --dataset digits --alpha 0.3 --quiet $lora
+run fedper_lora --algo fedper --lora-rank 4 --dataset digits --alpha 0.3 --quiet $lora
+run flexlora --algo flexlora --rank-dist heavy-tail --rank-set 2,4,8 --dataset digits --alpha 0.3 --quiet $lora
+run flexlora_homo --algo flexlora --rank-dist homo --lora-rank 4 --dataset digits --alpha 0.3 --quiet $lora
+run fedsdg   --algo fedsdg --dataset digits --alpha 0.3 --quiet $lora

@@ -1,0 +1,64 @@
+"""FedSDG's own command, ``pflbench gates RUN_DIR``, contributed through the ``pflbench.commands``
+entry point (the core names no plugin). Importing this module does not import torch."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import click
+import numpy as np
+
+from pflbench.errors import ConfigError
+
+
+def plot_gate_heatmap(gates: Sequence[Sequence[float]] | np.ndarray, path: str | Path,
+                      block_labels: Sequence[str] | None = None, title: str = "") -> Path:
+    """Client × block heatmap of gate values m ∈ [0, 1] (FedSDG), saved as PNG/PDF by suffix."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    matrix = np.asarray(gates, dtype=float)
+    if matrix.ndim != 2 or matrix.size == 0:
+        raise ConfigError(f"gate values must be a non-empty clients × blocks matrix, got shape {matrix.shape}")
+    path = Path(path)
+    path = path if path.suffix else path.with_suffix(".png")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    num_clients, num_blocks = matrix.shape
+    figure = Figure(figsize=(max(4.0, 0.6 * num_blocks + 2), min(24.0, max(3.0, 0.22 * num_clients + 1.5))))
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    image = axes.imshow(matrix, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
+    axes.set_xlabel("block")
+    axes.set_ylabel("client")
+    axes.set_xticks(range(num_blocks), block_labels or [str(i) for i in range(num_blocks)],
+                    rotation=45 if block_labels else 0, fontsize=8)
+    step = max(1, num_clients // 40)
+    axes.set_yticks(range(0, num_clients, step))
+    figure.colorbar(image, ax=axes, label="gate m = sigmoid(a)")
+    axes.set_title(title or "FedSDG gates per client and block")
+    figure.tight_layout()
+    figure.savefig(path, dpi=150)
+    return path
+
+
+@click.command("gates")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--plot", type=click.Path(dir_okay=False), help="Save the client × block heatmap (PNG/PDF).")
+def gates_command(run_dir: str, plot: str | None) -> None:
+    """Print (and plot) the per-client gate values of a FedSDG run."""
+    import json
+    from pathlib import Path
+
+    summary_path = Path(run_dir) / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    if "gates" not in summary:
+        raise ConfigError(f"{run_dir} has no gate values (a finished fedsdg run folder has them in summary.json)")
+    gates = summary["gates"]
+    click.echo(f"gates < 0.1: {summary['gate_frac_below_0.1']:.1%}   > 0.9: {summary['gate_frac_above_0.9']:.1%}"
+               f"   in [0.4, 0.6]: {summary['gate_frac_0.4_to_0.6']:.1%}   (clients trained: "
+               f"{summary['gates_clients_trained']})")
+    for client, row in enumerate(gates):
+        click.echo(f"{client:>4}  " + " ".join(f"{m:.2f}" for m in row))
+    if plot:
+        labels = [name.removesuffix(".gate") for name in summary.get("gate_blocks", [])] or None
+        click.echo(f"plot: {plot_gate_heatmap(gates, plot, labels)}")

@@ -1,0 +1,54 @@
+"""The ``pflbench`` command line.
+
+- ``run.py``: ``run``, ``list``, ``partition``
+- ``bench.py``: ``sweep``, ``leaderboard``
+- ``pretrain.py``: ``pretrain``
+- ``options.py``: dataclass → click options; one ``Error:`` line and exit code 2 for bad input
+- plugin commands (e.g. FedSDG's ``gates``) come from the ``pflbench.commands`` entry points.
+
+Nothing here imports torch at module level: ``pflbench --help`` and ``pflbench list`` stay fast.
+"""
+from __future__ import annotations
+
+import sys
+from importlib.metadata import entry_points
+
+import click
+
+from .bench import leaderboard_command, sweep
+from .options import PflbenchGroup
+from .pretrain import pretrain_command
+from .run import list_command, partition_command, run_command
+
+
+@click.group(cls=PflbenchGroup, context_settings={"help_option_names": ["-h", "--help"],
+                                                   "max_content_width": 100})
+@click.version_option(package_name="pflbench")
+def cli() -> None:
+    """pflbench — personalized federated learning benchmarks."""
+
+
+for command in (run_command, list_command, partition_command, sweep, leaderboard_command, pretrain_command):
+    cli.add_command(command)
+
+
+def add_plugin_commands(group: click.Group) -> None:
+    """Commands contributed through the ``pflbench.commands`` entry-point group."""
+    for entry_point in entry_points(group="pflbench.commands"):
+        if entry_point.name in group.commands:
+            continue
+        try:
+            group.add_command(entry_point.load(), entry_point.name)
+        except Exception as error:  # a broken plugin must not break the other commands
+            print(f"warning: could not load command plugin {entry_point.value!r}: {error}", file=sys.stderr)
+
+
+add_plugin_commands(cli)
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

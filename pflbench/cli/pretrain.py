@@ -1,0 +1,54 @@
+"""``pflbench pretrain``: the offline backbone of LoRA runs, built and cached ahead of time."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import click
+
+from ..config import RunConfig
+from ..errors import ConfigError
+from .options import dataclass_options
+
+PRETRAIN_FIELDS = ("dataset", "dataset_option", "data_dir", "model", "model_option", "public_frac",
+                   "pretrain_epochs", "pretrain_lr", "seed", "device")
+
+
+@click.command("pretrain")
+def pretrain_command(**values: Any) -> None:
+    """Pretrain a backbone on a public fraction of the data (given to no client) and cache it.
+
+    Runs with the same dataset, model, model options, --public-frac, --seed and pretraining
+    settings find it in the cache: LoRA runs by default, any run with --backbone public.
+    """
+    from ..config import BASE_DEFAULTS, validate
+    from ..data import load_dataset
+    from ..pretrain import pretrain_backbone, public_split
+    from ..runner import resolve_device
+
+    config = RunConfig(**values)
+    config = dataclasses.replace(config, **{k: v for k, v in BASE_DEFAULTS.items() if getattr(config, k) is None})
+    validate(config)
+    if config.public_frac <= 0:
+        raise ConfigError("--public-frac must be > 0: the backbone is trained on that public fraction")
+    dataset = load_dataset(config.dataset, config.dataset_options())
+    _, public = public_split(dataset.labels.numpy(), config.public_frac, config.seed)
+    backbone = pretrain_backbone(config, dataset, public, resolve_device(config.device))
+    click.echo(f"{'found cached' if backbone.from_cache else 'pretrained'} {config.model} on "
+               f"{len(public)} public samples of {config.dataset} ({backbone.num_train} train / "
+               f"{backbone.num_val} held back): held-back accuracy {backbone.val_accuracy:.4f}")
+    click.echo(f"weights: {backbone.path}")
+
+
+def _pretrain_options() -> list[click.Option]:
+    """The pretraining fields of RunConfig, defaulting to what a LoRA run uses."""
+    from ..config import LORA_RUN_DEFAULTS as RUN_DEFAULTS
+
+    options = dataclass_options(RunConfig, PRETRAIN_FIELDS)
+    for option in options:
+        if option.name in RUN_DEFAULTS:
+            option.default, option.show_default = RUN_DEFAULTS[option.name], True
+    return options
+
+
+pretrain_command.params[:0] = _pretrain_options()

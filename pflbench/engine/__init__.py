@@ -1,0 +1,25 @@
+"""The round engine: plugin contract, executors, the round loop and observers.
+
+- ``types``: what crosses the executor seam (``ClientJob``, ``ClientUpdate``, ``OptimizerSpec``, ...)
+- ``algorithm``: ``Algorithm`` (server-side hooks) and ``ClientProgram`` (client-side hooks)
+- ``state``: ``ClientStateStore`` (each client's private tensors)
+- ``executor``: ``Executor`` protocol and ``SequentialExecutor``
+- ``federation``: ``Federation``, the one round loop
+- ``observers``: ``RunObserver`` (progress bar, writer, tests)
+"""
+from __future__ import annotations
+
+from .algorithm import Algorithm, ClientProgram
+from .executor import EXECUTORS, Executor, SequentialExecutor, build_optimizer
+from .federation import Federation, mean_loss_terms
+from .observers import Observer, RunObserver
+from .state import ClientStateStore
+from .types import (ClientJob, ClientUpdate, EvalJob, Forward, LocalPhase, NoHyperparameters,
+                    OptimizerSpec, ParamGroup, ParamLayout, Tensors, load_into, sample_weights,
+                    tensor_bytes, weighted_average)
+
+__all__ = ["Algorithm", "ClientProgram", "EXECUTORS", "Executor", "SequentialExecutor",
+           "build_optimizer", "Federation", "mean_loss_terms", "Observer", "RunObserver",
+           "ClientStateStore", "ClientJob", "ClientUpdate", "EvalJob", "Forward", "LocalPhase",
+           "NoHyperparameters", "OptimizerSpec", "ParamGroup", "ParamLayout", "Tensors",
+           "load_into", "sample_weights", "tensor_bytes", "weighted_average"]

@@ -1,0 +1,207 @@
+"""The plugin contract: ``Algorithm`` (server side) and ``ClientProgram`` (client side).
+
+An ``Algorithm`` lives in the driver. It decides what travels (``select_shared``), what client k
+receives (``broadcast``), the update rule (``aggregate``) and what a client's evaluation model is
+(``personal_model`` / ``global_model``). Class-level hooks run before any state exists: the run
+defaults it needs (``run_defaults``), how it transforms the model (``configure_model``, e.g. LoRA)
+and which settings it refuses (``check_config``).
+
+A ``ClientProgram`` is the only code that crosses the executor seam: a picklable object with no
+reference to the server. From what the server sent and the client's private state it assembles
+the model state (``assemble``), names its training phases and loss terms, describes its optimizer
+as data and says what it uploads and keeps.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError
+from .state import ClientStateStore
+from .types import (ClientUpdate, Forward, LocalPhase, NoHyperparameters, OptimizerSpec,
+                    ParamGroup, ParamLayout, Tensors, clone_tensors, sample_weights,
+                    weighted_average)
+
+if TYPE_CHECKING:
+    from ..config import LocalSpec, RunConfig
+
+H = TypeVar("H")
+
+
+class ClientProgram(Generic[H]):
+    """Client-side hooks. One instance serves every client; a client's state comes with its job."""
+
+    def __init__(self, layout: ParamLayout, hparams: H, local: LocalSpec) -> None:
+        self.layout, self.hparams, self.local = layout, hparams, local
+        self.loss_weights: dict[str, float] = {}  # loss = Σ weight·term (default weight 1)
+
+    @property
+    def max_grad_norm(self) -> float | None:
+        return self.local.max_grad_norm or None
+
+    def assemble(self, received: Tensors, private: Tensors) -> Tensors:
+        """The model state of this client: what it received, then its private tensors."""
+        return {**received, **private}
+
+    def local_phases(self, client_id: int) -> list[LocalPhase]:
+        """Default: ``--local-epochs`` epochs over every trainable parameter."""
+        return [LocalPhase(self.local.epochs, frozenset(self.layout.trainable))]
+
+    def loss_terms(self, forward: Forward, params: Tensors, inputs: torch.Tensor,
+                   targets: torch.Tensor, received: Tensors) -> dict[str, torch.Tensor]:
+        """Named loss terms, pure in ``params``; Σ ``loss_weights[name]``·term is minimised and
+        each term is logged. ``received`` is what the server sent."""
+        return {"task": F.cross_entropy(forward(params, inputs), targets)}
+
+    def optimizer(self) -> OptimizerSpec:
+        """The local optimizer as data (default: ``--optimizer`` with ``--lr`` etc.)."""
+        local = self.local
+        return OptimizerSpec(kind=local.optimizer, lr=local.lr, momentum=local.momentum,
+                             weight_decay=local.weight_decay, max_grad_norm=self.max_grad_norm)
+
+    def upload(self, state: Tensors, received: Tensors) -> Tensors:
+        """Default: a copy of the shared tensors after local training."""
+        return {name: state[name].detach().clone() for name in self.layout.shared}
+
+    def private_state(self, state: Tensors, job_private: Tensors) -> Tensors:
+        """What the client keeps until its next round (default: its private model tensors).
+
+        ``job_private`` is the state it started the round with (extra, non-model state lives
+        there: an algorithm with such state overrides this)."""
+        return {name: state[name].detach().clone() for name in self.layout.private}
+
+
+class Algorithm(Generic[H]):
+    """Server-side hooks. Subclass per algorithm, set ``program_class`` and register it."""
+
+    hyperparameters: ClassVar[type] = NoHyperparameters
+    program_class: ClassVar[type[ClientProgram]] = ClientProgram
+    has_global_model: ClassVar[bool] = True  # False: global_acc is reported as null
+    display_name: ClassVar[str | None] = None  # e.g. "FedAvg" (tables); default: the name
+    paper: ClassVar[str] = ""  # the citation `pflbench list` shows
+    uses_head_layers: ClassVar[bool] = False  # reads --head-layers (part of the run identity)
+    # Per-client state that is not part of the model (control variates, a second model, ...)
+    # must say whether the personal model is still the received/global one. See personal_model.
+    personal_model_is_received: ClassVar[bool] = False
+
+    # ---- set-up (class level, before any state exists) -----------------------------------
+    @classmethod
+    def lora_rank(cls, config: RunConfig, hparams: H) -> int | None:
+        """Rank the LoRA layers are built with (None: no LoRA); default ``--lora-rank``."""
+        return config.lora_rank
+
+    @classmethod
+    def run_defaults(cls, config: RunConfig, hparams: H) -> dict[str, Any]:
+        """Values for the settings the user left unset (``None``). LoRA runs need a small ViT,
+        a public fraction to pretrain it on, and Adam (``lora.RUN_DEFAULTS``)."""
+        from ..lora import RUN_DEFAULTS
+
+        return dict(RUN_DEFAULTS) if cls.lora_rank(config, hparams) is not None else {}
+
+    @classmethod
+    def check_config(cls, config: RunConfig, hparams: H) -> None:
+        """Refuse settings this algorithm would ignore or cannot honour (raise ConfigError)."""
+
+    @classmethod
+    def configure_model(cls, model: nn.Module, config: RunConfig, hparams: H) -> dict[str, Any]:
+        """Transform the freshly built model (after its initial weights); returns a record.
+
+        Default: LoRA on ``--lora-targets`` when ``lora_rank`` is set, the head (``--head-layers``)
+        left trainable."""
+        from ..lora import apply_lora, parse_targets
+
+        rank = cls.lora_rank(config, hparams)
+        if rank is None:
+            return {}
+        adapted = apply_lora(model, rank, config.lora_alpha, parse_targets(config.lora_targets),
+                             head_layers=config.head_layers)
+        return {"lora": {"rank": rank, "alpha": config.lora_alpha, "adapted_layers": adapted}}
+
+    # ---- state ---------------------------------------------------------------------------
+    def __init__(self, config: RunConfig, hparams: H, model: nn.Module,
+                 num_train: list[int]) -> None:
+        self.config, self.hparams = config, hparams
+        self.model = model  # the initial model, read for its structure only (never the transport)
+        self.num_train = num_train
+        trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+        float_buffers = [n for n, b in model.named_buffers() if b.is_floating_point()]
+        tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+        names = trainable + float_buffers
+        shared = self.select_shared(list(names))
+        private = [n for n in names if n not in set(shared)]
+        self.layout = ParamLayout(tuple(trainable), tuple(shared), tuple(private), self.param_groups())
+        self.global_state = {n: tensors[n].detach().clone() for n in shared}
+        extra = self.extra_private_state()
+        self.store = ClientStateStore({**{n: tensors[n].detach().clone() for n in private}, **extra})
+        self.initial_state = clone_tensors(tensors)
+        if extra and not self.personal_model_is_received and \
+                type(self).personal_model is Algorithm.personal_model:
+            raise ConfigError(
+                f"{type(self).__name__} keeps per-client state outside the model "
+                f"({', '.join(sorted(extra)[:3])}) but does not override personal_model: its pers_acc "
+                "would silently be the received model's. Override personal_model, or set "
+                "personal_model_is_received = True if that is what its paper evaluates")
+        self.program = self.make_program()
+
+    def make_program(self) -> ClientProgram:
+        return self.program_class(self.layout, self.hparams, self.config.local_spec)
+
+    # ---- hooks ---------------------------------------------------------------------------
+    def select_shared(self, names: list[str]) -> list[str]:
+        """Which state tensors are shared (the rest stay private on each client)."""
+        return names
+
+    def param_groups(self) -> dict[str, tuple[str, ...]]:
+        """Named subsets of the state the client program needs (``layout.groups``)."""
+        return {}
+
+    def extra_private_state(self) -> Tensors:
+        """Initial per-client tensors that are not model state (e.g. control variates)."""
+        return {}
+
+    def broadcast(self, client_id: int) -> Tensors:
+        """What client ``client_id`` receives this round (counted in bytes_down)."""
+        return self.global_state
+
+    def aggregate(self, updates: list[ClientUpdate]) -> None:
+        """FedAvg: w ← Σ_k n_k·w_k / Σ_k n_k over the uploaded tensors."""
+        if not updates or not updates[0].params:
+            return
+        average = weighted_average([u.params for u in updates], sample_weights(updates))
+        torch._foreach_copy_([self.global_state[n] for n in average], list(average.values()))
+
+    def round_diagnostics(self, updates: list[ClientUpdate]) -> dict[str, Any]:
+        return {}
+
+    def final_report(self) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+        """After the last round: extra summary.json entries and extra clients.csv columns."""
+        return {}, {}
+
+    def run_info(self) -> dict[str, Any]:
+        """Settings the algorithm resolved at start (recorded in config.json)."""
+        return {}
+
+    def clients_share_one_model(self) -> bool:
+        """True when every client's evaluation model is the global one (one pass evaluates all)."""
+        return not self.layout.private and self.personal_model_is_received_default()
+
+    def personal_model_is_received_default(self) -> bool:
+        return type(self).personal_model is Algorithm.personal_model
+
+    def personal_model(self, client_id: int) -> Tensors:
+        """Client ``client_id``'s evaluation model: what it would receive + its private state."""
+        return self.model_state(self.program.assemble(self.broadcast(client_id), self.store.get(client_id)))
+
+    def global_model(self) -> Tensors:
+        """The server's global model (evaluated on every client's test split)."""
+        return self.model_state(self.program.assemble(self.global_state, self.store.initial))
+
+    def model_state(self, state: Tensors) -> Tensors:
+        """``state`` without entries that are not model tensors (extra private state)."""
+        return {n: t for n, t in state.items() if n in self.initial_state}
+
+
+__all__ = ["Algorithm", "ClientProgram", "ParamGroup", "OptimizerSpec", "ClientStateStore"]
