@@ -22,13 +22,16 @@ _LAZY = {
     "Algorithm": "engine", "ClientProgram": "engine", "LocalPhase": "engine",
     "ClientJob": "engine", "ClientUpdate": "engine", "OptimizerSpec": "engine",
     "ParamGroup": "engine", "ParamLayout": "engine", "Tensors": "engine", "Observer": "engine",
-    "NoHyperparameters": "engine", "run_experiment": "runner",
+    "NoHyperparameters": "engine", "LocalTrainer": "engine", "LocalResult": "engine",
+    "mean_terms": "engine", "sample_weights": "engine", "weighted_average": "engine",
+    "run_experiment": "runner",
 }
 
 if TYPE_CHECKING:
     from .engine import (Algorithm, ClientJob, ClientProgram, ClientUpdate, LocalPhase,
-                         NoHyperparameters, Observer, OptimizerSpec, ParamGroup, ParamLayout,
-                         Tensors)
+                         LocalResult, LocalTrainer, NoHyperparameters, Observer, OptimizerSpec,
+                         ParamGroup, ParamLayout, Tensors, mean_terms, sample_weights,
+                         weighted_average)
     from .runner import run_experiment
 
 

@@ -3,6 +3,7 @@
 - ``types``: what crosses the executor seam (``ClientJob``, ``ClientUpdate``, ``OptimizerSpec``, ...)
 - ``algorithm``: ``Algorithm`` (server-side hooks) and ``ClientProgram`` (client-side hooks)
 - ``state``: ``ClientStateStore`` (each client's private tensors)
+- ``local``: ``LocalTrainer`` (one client's model and data) and the default batch loop
 - ``executor``: ``Executor`` protocol and ``SequentialExecutor``
 - ``federation``: ``Federation``, the one round loop
 - ``observers``: ``RunObserver`` (progress bar, writer, tests)
@@ -10,7 +11,8 @@
 from __future__ import annotations
 
 from .algorithm import Algorithm, ClientProgram
-from .executor import EXECUTORS, Executor, SequentialExecutor, build_optimizer
+from .executor import EXECUTORS, Executor, SequentialExecutor
+from .local import LocalResult, LocalTrainer, build_optimizer, mean_terms, standard_local_update
 from .federation import Federation, mean_loss_terms
 from .observers import Observer, RunObserver
 from .state import ClientStateStore
@@ -18,7 +20,7 @@ from .types import (ClientJob, ClientUpdate, EvalJob, Forward, LocalPhase, NoHyp
                     OptimizerSpec, ParamGroup, ParamLayout, Tensors, load_into, sample_weights,
                     tensor_bytes, weighted_average)
 
-__all__ = ["Algorithm", "ClientProgram", "EXECUTORS", "Executor", "SequentialExecutor",
+__all__ = ["LocalResult", "LocalTrainer", "mean_terms", "standard_local_update", "Algorithm", "ClientProgram", "EXECUTORS", "Executor", "SequentialExecutor",
            "build_optimizer", "Federation", "mean_loss_terms", "Observer", "RunObserver",
            "ClientStateStore", "ClientJob", "ClientUpdate", "EvalJob", "Forward", "LocalPhase",
            "NoHyperparameters", "OptimizerSpec", "ParamGroup", "ParamLayout", "Tensors",

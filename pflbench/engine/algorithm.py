@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
+from .local import LocalResult, LocalTrainer, standard_local_update
 from .state import ClientStateStore
 from .types import (ClientUpdate, Forward, LocalPhase, NoHyperparameters, OptimizerSpec,
                     ParamGroup, ParamLayout, Tensors, clone_tensors, sample_weights,
@@ -55,6 +56,14 @@ class ClientProgram(Generic[H]):
         """Named loss terms, pure in ``params``; Σ ``loss_weights[name]``·term is minimised and
         each term is logged. ``received`` is what the server sent."""
         return {"task": F.cross_entropy(forward(params, inputs), targets)}
+
+    def local_update(self, trainer: LocalTrainer) -> LocalResult:
+        """The client's local training on ``trainer`` (the model loaded with ``assemble``'s state).
+
+        Default: the engine's batch loop over ``local_phases`` (``standard_local_update``). Override
+        only when the update is not a loss minimised over batches; executors that cannot host a
+        custom update (vectorized) refuse it with a clear error."""
+        return standard_local_update(self, trainer)
 
     def optimizer(self) -> OptimizerSpec:
         """The local optimizer as data (default: ``--optimizer`` with ``--lr`` etc.)."""

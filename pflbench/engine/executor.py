@@ -15,7 +15,8 @@ from torch import nn
 from ..data import FederatedData
 from ..seeding import derive_seed
 from .algorithm import ClientProgram
-from .types import ClientJob, ClientUpdate, EvalJob, OptimizerSpec, Tensors, load_into
+from .local import LocalTrainer
+from .types import ClientJob, ClientUpdate, EvalJob, Tensors, load_into
 
 
 class Executor(Protocol):
@@ -28,23 +29,6 @@ class Executor(Protocol):
         """Per job, the number of correct test predictions of each of its clients."""
 
 
-def build_optimizer(spec: OptimizerSpec, params: dict[str, nn.Parameter]) -> torch.optim.Optimizer:
-    """A ``torch.optim`` optimizer from its description; groups keep ``params``' order."""
-    grouped = {n for group in spec.groups for n in group.names}
-    groups = [([p for n, p in params.items() if n in group.names], group.lr or spec.lr)
-              for group in spec.groups]
-    rest = [p for n, p in params.items() if n not in grouped]
-    if not spec.groups:
-        arguments: list = rest
-    else:
-        arguments = [{"params": ps, "lr": lr} for ps, lr in ([(rest, spec.lr)] if rest else []) + groups if ps]
-    if spec.kind == "adam":
-        return torch.optim.Adam(arguments, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay)
-    if spec.kind == "sgd":
-        return torch.optim.SGD(arguments, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
-    raise ValueError(f"unknown optimizer kind {spec.kind!r}; valid: sgd, adam")
-
-
 class SequentialExecutor:
     """One working model; clients train one after another, bit-for-bit the reference numbers."""
 
@@ -52,56 +36,24 @@ class SequentialExecutor:
 
     def __init__(self, model: nn.Module, data: FederatedData) -> None:
         self.model, self.data = model, data
-        self.params = dict(model.named_parameters())
-        self.tensors: Tensors = {**self.params, **dict(model.named_buffers())}
+        self.tensors: Tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
         self._test_owner = torch.cat([torch.full((n,), k, dtype=torch.long, device=data.device)
                                       for k, n in enumerate(data.num_test)])
         self._all_test = torch.cat(data.test_indices)
-
-    def forward(self, params: Tensors, inputs: torch.Tensor) -> torch.Tensor:
-        # ``params`` are the working model's own parameters here.
-        return self.model(inputs)
 
     def train(self, program: ClientProgram, jobs: Sequence[ClientJob]) -> list[ClientUpdate]:
         return [self.train_one(program, job) for job in jobs]
 
     def train_one(self, program: ClientProgram, job: ClientJob) -> ClientUpdate:
-        """Load the client's model, run its local phases (the batch loop), read back the results."""
+        """Load the client's model, run its local update, read back upload and private state."""
         load_into(self.tensors, program.assemble(job.received, job.private))
-        generator = torch.Generator().manual_seed(job.seed)
         torch.manual_seed(derive_seed(job.seed, "dropout"))  # dropout and friends: per job
-        params, trainable_names = self.params, program.layout.trainable
-        spec = program.optimizer()
-        sums: dict[str, torch.Tensor] = {}
-        total = torch.zeros((), device=self.data.device)
-        steps = 0
-        self.model.train()
-        for phase in program.local_phases(job.client_id):
-            trainable = {n: params[n] for n in trainable_names if n in phase.trainable}
-            for name in trainable_names:
-                params[name].requires_grad_(name in phase.trainable)
-            optimizer = build_optimizer(spec, trainable)
-            for _ in range(phase.epochs):
-                for inputs, targets in self.data.train_batches(job.client_id, program.local.batch_size, generator):
-                    terms = program.loss_terms(self.forward, params, inputs, targets, job.received)
-                    loss = sum(program.loss_weights.get(n, 1.0) * t for n, t in terms.items())
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    if spec.max_grad_norm is not None:
-                        torch.nn.utils.clip_grad_norm_(trainable.values(), spec.max_grad_norm)
-                    optimizer.step()
-                    total += loss.detach()
-                    for name, value in terms.items():
-                        sums[name] = sums[name] + value.detach() if name in sums else value.detach()
-                    steps += 1
-        for name in trainable_names:
-            params[name].requires_grad_(True)
-        means = torch.stack([total, *sums.values()]).div(max(steps, 1)).tolist()
-        loss_terms = dict(zip(sums, means[1:])) if steps else {}
-        return ClientUpdate(job.client_id, self.data.num_train[job.client_id],
-                            program.upload(self.tensors, job.received), loss_terms,
-                            means[0] if steps else float("nan"),
-                            program.private_state(self.tensors, job.private))
+        trainer = LocalTrainer(self.model, self.data, job, program.local.batch_size)
+        result = program.local_update(trainer)
+        upload = result.upload if result.upload is not None else program.upload(self.tensors, job.received)
+        private = result.private if result.private is not None else program.private_state(self.tensors, job.private)
+        return ClientUpdate(job.client_id, self.data.num_train[job.client_id], upload,
+                            result.loss_terms, result.loss, private)
 
     @torch.no_grad()
     def _count_correct(self, indices: torch.Tensor, batch: int = 1024) -> torch.Tensor:

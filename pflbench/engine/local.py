@@ -1,0 +1,127 @@
+"""Local training of one client: what an executor lends a client program (``LocalTrainer``) and
+the default local update (``standard_local_update``, the one batch loop).
+
+A ``ClientProgram`` normally only names phases, loss terms and its optimizer; the batch loop is
+``standard_local_update``. An algorithm whose local update is not "minimise a loss over batches"
+(pFedMe's inner problem, Per-FedAvg's meta step, Ditto's second model) overrides
+``ClientProgram.local_update`` and builds it from the trainer's primitives: ``forward``,
+``epoch``, ``optimizer``, ``train_only`` and the live ``state``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterator
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from .types import ClientJob, OptimizerSpec, Tensors
+
+if TYPE_CHECKING:
+    from ..data import FederatedData
+    from .algorithm import ClientProgram
+
+
+def build_optimizer(spec: OptimizerSpec, params: dict[str, nn.Parameter]) -> torch.optim.Optimizer:
+    """A ``torch.optim`` optimizer from its description; groups keep ``params``' order."""
+    grouped = {n for group in spec.groups for n in group.names}
+    groups = [([p for n, p in params.items() if n in group.names], group.lr or spec.lr)
+              for group in spec.groups]
+    rest = [p for n, p in params.items() if n not in grouped]
+    if not spec.groups:
+        arguments: list = rest
+    else:
+        arguments = [{"params": ps, "lr": lr} for ps, lr in ([(rest, spec.lr)] if rest else []) + groups if ps]
+    if spec.kind == "adam":
+        return torch.optim.Adam(arguments, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay)
+    if spec.kind == "sgd":
+        return torch.optim.SGD(arguments, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
+    raise ValueError(f"unknown optimizer kind {spec.kind!r}; valid: sgd, adam")
+
+
+@dataclass
+class LocalResult:
+    """What a local update reports. ``upload``/``private`` None: the program's ``upload`` and
+    ``private_state`` are applied to the final model state."""
+
+    loss: float
+    loss_terms: dict[str, float]
+    upload: Tensors | None = None
+    private: Tensors | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class LocalTrainer:
+    """One client's model (loaded with its assembled state) and data, for one job."""
+
+    def __init__(self, model: nn.Module, data: FederatedData, job: ClientJob, batch_size: int) -> None:
+        self.model, self.data, self.job, self.batch_size = model, data, job, batch_size
+        self.params: dict[str, nn.Parameter] = dict(model.named_parameters())
+        self.state: Tensors = {**self.params, **dict(model.named_buffers())}
+        self.generator = torch.Generator().manual_seed(job.seed)
+        self.device = data.device
+
+    def forward(self, params: Tensors, inputs: torch.Tensor) -> torch.Tensor:
+        """The model's output with ``params``: the live parameters, or any other tensors of the
+        same names (e.g. a second model, a mixture) through ``torch.func.functional_call``."""
+        if params is self.params:
+            return self.model(inputs)
+        return functional_call(self.model, params, (inputs,), strict=False)
+
+    def epoch(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """One shuffled pass over the client's train split (the job's seeded generator)."""
+        return self.data.train_batches(self.job.client_id, self.batch_size, self.generator)
+
+    def train_only(self, names: frozenset[str] | set[str], trainable: tuple[str, ...]) -> dict[str, nn.Parameter]:
+        """Gradients for ``names`` only (of ``trainable``); returns those parameters in order."""
+        for name in trainable:
+            self.params[name].requires_grad_(name in names)
+        return {n: self.params[n] for n in trainable if n in names}
+
+    def optimizer(self, spec: OptimizerSpec, params: dict[str, nn.Parameter]) -> torch.optim.Optimizer:
+        return build_optimizer(spec, params)
+
+    @torch.no_grad()
+    def load(self, tensors: Tensors) -> None:
+        """Copy ``tensors`` into the live model state (same names)."""
+        if tensors:
+            torch._foreach_copy_([self.state[n] for n in tensors], list(tensors.values()))
+
+    def snapshot(self, names: tuple[str, ...] | list[str]) -> Tensors:
+        return {n: self.state[n].detach().clone() for n in names}
+
+
+def standard_local_update(program: ClientProgram, trainer: LocalTrainer) -> LocalResult:
+    """The batch loop: for each phase, a fresh optimizer over the phase's parameters, then
+    ``epochs`` passes minimising Σ weight·term (optionally clipped). Logs each term's mean."""
+    job, spec = trainer.job, program.optimizer()
+    trainable_names = program.layout.trainable
+    sums: dict[str, torch.Tensor] = {}
+    total = torch.zeros((), device=trainer.device)
+    steps = 0
+    trainer.model.train()
+    for phase in program.local_phases(job.client_id):
+        trainable = trainer.train_only(phase.trainable, trainable_names)
+        optimizer = trainer.optimizer(spec, trainable)
+        for _ in range(phase.epochs):
+            for inputs, targets in trainer.epoch():
+                terms = program.loss_terms(trainer.forward, trainer.params, inputs, targets, job.received)
+                loss = sum(program.loss_weights.get(n, 1.0) * t for n, t in terms.items())
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if spec.max_grad_norm is not None:
+                    torch.nn.utils.clip_grad_norm_(trainable.values(), spec.max_grad_norm)
+                optimizer.step()
+                total += loss.detach()
+                for name, value in terms.items():
+                    sums[name] = sums[name] + value.detach() if name in sums else value.detach()
+                steps += 1
+    trainer.train_only(frozenset(trainable_names), trainable_names)
+    return mean_terms(total, sums, steps)
+
+
+def mean_terms(total: torch.Tensor, sums: dict[str, torch.Tensor], steps: int) -> LocalResult:
+    """Means over ``steps`` of the total loss and of each term (NaN / {} without steps)."""
+    means = torch.stack([total, *sums.values()]).div(max(steps, 1)).tolist()
+    return LocalResult(means[0] if steps else float("nan"), dict(zip(sums, means[1:])) if steps else {})
