@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import sys
 import tempfile
 import warnings
@@ -44,6 +45,13 @@ def content_hash(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> str:
         if tensor.numel():
             digest.update(tensor.reshape(-1).view(torch.uint8).numpy().data)
     return digest.hexdigest()
+
+
+def verified(tensors: dict[str, Any], meta: dict[str, Any]) -> bool:
+    """Whether ``meta``'s content hash matches ``tensors`` (all tensors) and ``meta``."""
+    if not all(isinstance(t, torch.Tensor) for t in tensors.values()):
+        return False
+    return meta.get(HASH_KEY) == content_hash(tensors, meta)
 
 
 def json_safe(value: Any) -> bool:
@@ -96,7 +104,10 @@ def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         with warnings.catch_warnings():  # torch's multi-line notes on odd pickles: we say it once
             warnings.simplefilter("ignore")
             saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # truncated zip, bad pickle, refused global: all "unreadable"
+    except pickle.UnpicklingError as error:
+        raise ValueError("not plain tensor data (holds other objects: refused, nothing of it "
+                         "was run)") from error
+    except Exception as error:  # truncated zip, unreadable file: all "unreadable"
         first_line = (str(error).strip().splitlines() or [""])[0][:160]
         raise ValueError(f"unreadable ({type(error).__name__}: {first_line})") from error
     if not isinstance(saved, dict) or set(saved) != {"state_dict", "meta"}:

@@ -16,8 +16,10 @@ import pflbench.datasets.local_files as local_files
 from pflbench import cache
 from pflbench.config import RunConfig
 from pflbench.data import TensorDataset, cache_dir, load_dataset
+from pflbench.errors import ConfigError
+from pflbench.models import build_model, load_weights
 from pflbench.pretrain import pretrain_backbone, public_split
-from pflbench.registry import register_dataset
+from pflbench.registry import DATASETS, register_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 CONVERSIONS: list[int] = []  # one entry per call of the probe loader
@@ -25,7 +27,6 @@ PROBE_INPUTS = torch.arange(7 * 5 * 4 * 4, dtype=torch.int64).remainder(251).to(
     35, 1, 4, 4)
 
 
-@register_dataset("cache_probe")
 def cache_probe(seed: int = 0) -> TensorDataset:
     """A tiny dataset whose conversions are counted; string groups and info as real ones have."""
     CONVERSIONS.append(seed)
@@ -46,9 +47,12 @@ class Poison:
 
 @pytest.fixture
 def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty cache folder, with the probe dataset registered for this test only."""
     monkeypatch.setenv("PFLBENCH_CACHE", str(tmp_path / "cache"))
     CONVERSIONS.clear()
-    return tmp_path / "cache"
+    register_dataset("cache_probe")(cache_probe)
+    yield tmp_path / "cache"
+    DATASETS._items.pop("cache_probe", None)
 
 
 def only_entry(folder: Path) -> Path:
@@ -205,6 +209,19 @@ def test_a_bad_backbone_cache_entry_is_reported_and_retrained(fresh_cache: Path,
     third = pretrain_backbone(config, dataset, public, torch.device("cpu"))
     assert not third.from_cache and not (second.path.parent / "PWNED").exists()
     assert str(second.path) in capsys.readouterr().err
+
+
+def test_weights_file_with_a_content_hash_is_verified(tmp_path: Path) -> None:
+    model = build_model("mlp", (8,), 3)
+    path = tmp_path / "weights.pt"
+    cache.save_entry(path, model.state_dict(), {"note": "mine"})
+    assert load_weights(build_model("mlp", (8,), 3), path)["meta"]["note"] == "mine"
+    state, meta = torch.load(path, weights_only=True).values()
+    first = next(iter(state))
+    state[first] = state[first] + 1
+    torch.save({"state_dict": state, "meta": meta}, path)
+    with pytest.raises(ConfigError, match="is corrupted: its content hash does not match"):
+        load_weights(build_model("mlp", (8,), 3), path)
 
 
 # ----------------------------------------------------------------------------- local data

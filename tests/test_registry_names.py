@@ -16,6 +16,16 @@ from pflbench.registry import (ALGORITHMS, MODELS, REGISTRIES, Registry, check_n
 TINY = ["--dataset", "digits", "--model", "mlp", "--num-clients", "3", "--rounds", "1", "--quiet"]
 
 
+@pytest.fixture(autouse=True)
+def restore_registries():
+    """What a test's plugins register is gone afterwards (other tests list every algorithm)."""
+    before = [dict(registry.items) for registry in REGISTRIES]  # entry points loaded first
+    yield
+    for registry, items in zip(REGISTRIES, before):
+        registry._items.clear()
+        registry._items.update(items)
+
+
 def invoke(*args: str) -> tuple[int, str]:
     result = CliRunner().invoke(cli, list(args))
     return result.exit_code, result.output
