@@ -139,6 +139,8 @@ def load_entry(path: Path, expect: dict[str, Any] | None = None
         if wrong:
             raise ValueError(f"written for another {wrong[0]}")
     except ValueError as problem:
+        if isinstance(problem.__cause__, FileNotFoundError):  # another process just replaced it
+            return None
         warn(f"cache file {path} is {problem}; deleted it and rebuilding")
         discard(path)
         return None
