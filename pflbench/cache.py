@@ -13,12 +13,14 @@ leaves at most a ``*.tmp`` file that is never read as an entry.
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
 import pickle
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -95,7 +97,20 @@ def save_entry(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any
     tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()}
     meta = {**meta, HASH_KEY: content_hash(tensors, meta)}
     atomic_write(Path(path), lambda file: torch.save({"state_dict": tensors, "meta": meta}, file))
+    remove_stale_temporaries(Path(path))
     return meta[HASH_KEY]
+
+
+def remove_stale_temporaries(path: Path, older_than_s: float = 3600.0) -> None:
+    """Delete temporary files of ``path`` left by writers killed over ``older_than_s`` ago
+    (younger ones may belong to a writer still at work)."""
+    now = time.time()
+    for temporary in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        try:
+            if now - temporary.stat().st_mtime > older_than_s:
+                temporary.unlink()
+        except OSError:
+            pass
 
 
 def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

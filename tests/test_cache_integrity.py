@@ -163,11 +163,16 @@ def test_a_killed_writer_leaves_the_previous_entry_whole(fresh_cache: Path) -> N
         cache.atomic_write(path, dies_half_way)
     assert path.read_bytes() == before
     assert sorted(p.name for p in fresh_cache.iterdir()) == [path.name]
-    # a temporary file left by a writer killed outright is never taken for the entry
-    (fresh_cache / f".{path.name}.abc123.tmp").write_bytes(before[:100])
+    # a temporary file left by a writer killed outright is never taken for the entry, and is
+    # cleaned up once it is clearly abandoned (a young one may be another writer's, at work)
+    old, young = fresh_cache / f".{path.name}.abc123.tmp", fresh_cache / f".{path.name}.def456.tmp"
+    for temporary in (old, young):
+        temporary.write_bytes(before[:100])
+    os.utime(old, (old.stat().st_atime, old.stat().st_mtime - 7200))
     path.unlink()
     load_dataset("cache_probe")
     assert CONVERSIONS == [0, 0] and path.read_bytes() != b""
+    assert not old.exists() and young.exists()
 
 
 def test_an_unwritable_cache_costs_speed_not_the_run(fresh_cache: Path, capsys,
