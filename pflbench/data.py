@@ -17,10 +17,11 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from . import cache
 from .errors import ConfigError
 from .registry import DATASETS
 
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2  # 2: tensors + JSON metadata, content-hashed
 
 
 @dataclass
@@ -54,9 +55,52 @@ def cache_dir() -> Path:
     return Path(os.environ.get("PFLBENCH_CACHE", Path.home() / ".cache" / "pflbench"))
 
 
+def dataset_cache_key(name: str, options: dict[str, Any], loader: Any) -> dict[str, Any]:
+    """What the cached tensors depend on: name, options, format version, and, for a loader with
+    a ``cache_key(**options)`` (local files), its fingerprint of the files it reads."""
+    key: dict[str, Any] = {"name": name, "options": options, "v": CACHE_FORMAT_VERSION}
+    fingerprint = getattr(loader, "cache_key", None)
+    if fingerprint is not None:
+        key["files"] = fingerprint(**options)
+    return json.loads(json.dumps(key, sort_keys=True, default=str))
+
+
+def _to_entry(dataset: TensorDataset, key: dict[str, Any]
+              ) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+    """Tensors + JSON metadata for the cache, or None if the dataset cannot round-trip exactly."""
+    tensors = {"inputs": dataset.inputs, "labels": dataset.labels}
+    meta: dict[str, Any] = {"key": key, "num_classes": dataset.num_classes,
+                            "source": dataset.source, "info": dataset.info, "groups": None}
+    if dataset.groups is not None:
+        groups = np.asarray(dataset.groups)
+        try:
+            values, codes = np.unique(groups, return_inverse=True)
+        except TypeError:  # unorderable mixed values: not cached, loaded afresh each time
+            return None
+        tensors["group_codes"] = torch.from_numpy(codes.reshape(-1).astype(np.int64))
+        meta["groups"] = {"values": values.tolist(), "dtype": groups.dtype.str}
+    if not cache.json_safe(meta):
+        return None
+    return tensors, meta
+
+
+def _from_entry(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> TensorDataset:
+    groups = None
+    if meta["groups"] is not None:
+        values = np.asarray(meta["groups"]["values"]).astype(meta["groups"]["dtype"])
+        groups = values[tensors["group_codes"].numpy()]
+    return TensorDataset(inputs=tensors["inputs"], labels=tensors["labels"],
+                         num_classes=meta["num_classes"], source=meta["source"], groups=groups,
+                         info=meta["info"])
+
+
 def load_dataset(name: str, options: dict[str, Any] | None = None,
                  use_cache: bool = True) -> TensorDataset:
-    """Load dataset ``name`` with ``options`` (passed to its loader), through the disk cache."""
+    """Load dataset ``name`` with ``options`` (passed to its loader), through the disk cache.
+
+    The cache holds tensors and JSON metadata only (``pflbench.cache``): verified by content
+    hash on load; a bad entry is reported, deleted and rebuilt.
+    """
     loader = DATASETS.get(name)
     options = dict(options or {})
     accepted = inspect.signature(loader).parameters
@@ -64,17 +108,26 @@ def load_dataset(name: str, options: dict[str, Any] | None = None,
     if unknown:
         valid = ", ".join(accepted) or "none"
         raise ConfigError(f"dataset {name!r} has no option {unknown[0]!r}; its options: {valid}")
-    key = json.dumps({"name": name, "options": options, "v": CACHE_FORMAT_VERSION},
-                     sort_keys=True, default=str)
-    path = cache_dir() / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.pt"
-    if use_cache and path.is_file():
-        return TensorDataset(**torch.load(path, weights_only=False))
+    use_cache = use_cache and getattr(loader, "cacheable", True)
+    if not use_cache:
+        return loader(**options)
+    key = dataset_cache_key(name, options, loader)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    path = cache_dir() / f"{name}-{digest}.pt"
+    entry = cache.load_entry(path, expect={"key": key})
+    if entry is not None:
+        try:
+            return _from_entry(*entry)
+        except (KeyError, TypeError, ValueError, IndexError):
+            cache.warn(f"cache file {path} has an unexpected layout; deleted it and rebuilding")
+            cache.discard(path)
     dataset = loader(**options)
-    if use_cache and getattr(loader, "cacheable", True):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(".tmp")
-        torch.save(dataset.__dict__, temporary)
-        temporary.replace(path)
+    converted = _to_entry(dataset, key)
+    if converted is not None:
+        try:
+            cache.save_entry(path, *converted)
+        except OSError as error:  # a full or read-only cache costs speed, not the run
+            cache.warn(f"could not write cache file {path}: {error.strerror or error}")
     return dataset
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .cache import verified
 from .errors import ConfigError
 from .registry import MODELS, register_model
 
@@ -171,6 +172,8 @@ def load_weights(model: nn.Module, path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"--weights {str(path)!r} holds a {type(saved).__name__}, not a state dict")
     meta = saved.get("meta", {}) if "state_dict" in saved else {}
     state = dict(saved.get("state_dict", saved))
+    if isinstance(meta, dict) and "sha256" in meta and not verified(state, meta):
+        raise ConfigError(f"--weights {str(path)!r} is corrupted: its content hash does not match")
     own = model.state_dict()
     head = head_parameter_names(model)
     skipped = [n for n in head if n in state and n in own and state[n].shape != own[n].shape]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import cache
 from .config import RunConfig
 from .data import FederatedData, TensorDataset, cache_dir
 from .errors import ConfigError
@@ -63,6 +65,13 @@ def backbone_key(config: RunConfig, dataset: TensorDataset, public: np.ndarray) 
             "weight_decay": PRETRAIN_WEIGHT_DECAY, "val_frac": PRETRAIN_VAL_FRAC}
 
 
+def backbone_path(config: RunConfig, key: dict[str, Any]) -> Path:
+    """``$PFLBENCH_CACHE/backbones/<dataset>-<model>-<hash of key>.pt`` (names made file-safe)."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{config.dataset}-{config.model}")[:120]
+    return cache_dir() / "backbones" / f"{stem}-{digest}.pt"
+
+
 @dataclass
 class PretrainedBackbone:
     path: Path
@@ -96,10 +105,10 @@ def pretrain_backbone(config: RunConfig, dataset: TensorDataset, public: np.ndar
                       device: torch.device) -> PretrainedBackbone:
     """Train ``config.model`` on the public indices, or find the cached result; returns its file."""
     key = backbone_key(config, dataset, public)
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    path = cache_dir() / "backbones" / f"{config.dataset}-{config.model}-{digest}.pt"
-    if path.is_file():
-        meta = torch.load(path, map_location="cpu", weights_only=True)["meta"]
+    path = backbone_path(config, key)
+    entry = cache.load_entry(path, expect={"key": json.loads(json.dumps(key, default=str))})
+    if entry is not None:
+        meta = entry[1]
         return PretrainedBackbone(path, meta["val_accuracy"], meta["num_train"], meta["num_val"], True)
     labels = dataset.labels.numpy()
     train, val = split_train_test(labels, [public], PRETRAIN_VAL_FRAC, rng_stream(config.seed, "public", 1))
@@ -111,12 +120,9 @@ def pretrain_backbone(config: RunConfig, dataset: TensorDataset, public: np.ndar
     train_centrally(model, data, config.pretrain_epochs, config.pretrain_lr, generator)
     accuracy = split_accuracy(model, data, data.test_indices[0])
     meta = {"key": key, "val_accuracy": accuracy, "num_train": len(train[0]), "num_val": len(val[0])}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
     head = head_parameter_names(model)
     backbone = {n: t.cpu() for n, t in model.state_dict().items() if n not in head}
-    torch.save({"state_dict": backbone, "meta": meta}, temporary)
-    temporary.replace(path)
+    cache.save_entry(path, backbone, json.loads(json.dumps(meta, default=str)))
     return PretrainedBackbone(path, accuracy, len(train[0]), len(val[0]), False)
 
 

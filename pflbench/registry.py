@@ -7,7 +7,9 @@ Built-in and third-party plugins register the same way: a module decorated with
 from __future__ import annotations
 
 import difflib
+import hashlib
 import importlib.util
+import re
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -19,9 +21,27 @@ from .errors import ConfigError
 
 _registration_log: list[tuple[str, str]] = []
 
+# Names end up in file names, folder names, CLI options and Markdown/HTML tables: lower-case
+# letters, digits and ``_ . -``, starting with a letter or digit, at most 64 characters.
+# (timm models are not registered; they are looked up by timm's own name, e.g. resnet18.)
+NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+
+
+def check_name(kind: str, name: Any) -> str:
+    """``name`` if it is a safe registry name, else ConfigError saying what is allowed."""
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise ConfigError(
+            f"{kind} name {name!r} is not allowed: use 1-64 lower-case letters, digits, "
+            "'_', '.' or '-', starting with a letter or digit (e.g. 'my_algo')")
+    return name
+
 
 def _origin(obj: Any) -> str:
-    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+    """Where ``obj`` comes from: ``module.qualname (file)``."""
+    module_name = getattr(obj, "__module__", None) or "?"
+    origin = f"{module_name}.{getattr(obj, '__qualname__', repr(obj))}"
+    file = getattr(sys.modules.get(module_name), "__file__", None)
+    return f"{origin} ({file})" if file else origin
 
 
 class Registry:
@@ -34,10 +54,13 @@ class Registry:
         self._entry_points_loaded = False
 
     def register(self, name: str) -> Callable[[Any], Any]:
+        check_name(self.kind, name)
+
         def decorator(obj: Any) -> Any:
             existing = self._items.get(name)
             if existing is not None and _origin(existing) != _origin(obj):
-                raise ValueError(f"{self.kind} {name!r} is already registered by {_origin(existing)}")
+                raise ConfigError(f"{self.kind} {name!r} is registered twice: by {_origin(existing)} "
+                                  f"and by {_origin(obj)}; rename one of them")
             self._items[name] = obj  # re-importing the same file replaces its own entry
             _registration_log.append((self.kind, name))
             return obj
@@ -84,6 +107,16 @@ register_model = MODELS.register
 register_partitioner = PARTITIONERS.register
 
 
+def _forget(module_name: str, log_start: int) -> None:
+    """Undo what a plugin module registered before it failed, so no half plugin stays usable."""
+    registries = {registry.kind: registry for registry in REGISTRIES}
+    for kind, name in _registration_log[log_start:]:
+        items = registries[kind]._items
+        if getattr(items.get(name), "__module__", None) == module_name:
+            del items[name]
+    del _registration_log[log_start:]
+
+
 def load_plugin_file(path: str | Path) -> None:
     """Import a single ``.py`` file so that its ``@register_*`` decorators run."""
     path = Path(path)
@@ -92,16 +125,30 @@ def load_plugin_file(path: str | Path) -> None:
     for registry in REGISTRIES:
         registry.load_entry_points()
     log_start = len(_registration_log)
-    module_name = f"pflbench_plugin_{path.stem}"
+    # One module name per file: two plugin files that share a stem are two sources, not one.
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
+    module_name = f"pflbench_plugin_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}_{digest}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            _forget(module_name, log_start)
+            raise
+    except ConfigError as error:  # a bad or duplicate name: the message already says which
+        sys.modules.pop(module_name, None)
+        raise ConfigError(f"--plugin {str(path)!r}: {error}") from error
+    except SystemExit as error:  # sys.exit()/exit() at import time must not end pflbench
+        sys.modules.pop(module_name, None)
+        raise ConfigError(f"--plugin {str(path)!r} called sys.exit({error.code!r}) while being "
+                          "imported; a plugin file must only define and register") from None
     except Exception as error:
         sys.modules.pop(module_name, None)
+        message = " ".join(str(error).split())[:300]
         raise ConfigError(
-            f"--plugin {str(path)!r} failed to import: {type(error).__name__}: {error}") from error
+            f"--plugin {str(path)!r} failed to import: {type(error).__name__}: {message}") from error
     if len(_registration_log) == log_start:
         raise ConfigError(f"--plugin {str(path)!r} registers nothing; decorate a class with "
                           "@register_algorithm('name') (or register_dataset / register_model)")

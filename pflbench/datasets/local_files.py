@@ -37,6 +37,29 @@ def _resolve_path(name: str, path: str | None, data_dir: str | None) -> Path:
     return resolved
 
 
+def files_fingerprint(root: Path) -> dict[str, Any]:
+    """The cache key of local data: resolved path + every file's relative name, size, mtime_ns.
+
+    Another folder reached by the same relative name, or a file added, removed, rewritten or
+    touched, gives another key, so a stale conversion is never served.
+    """
+    files = [root] if root.is_file() else sorted(
+        file for file in root.rglob("*") if file.is_file())
+    listing = []
+    for file in files:
+        stat = file.stat()
+        name = file.name if file == root else file.relative_to(root).as_posix()
+        listing.append([name, stat.st_size, stat.st_mtime_ns])
+    return {"root": str(root), "files": listing}
+
+
+def _fingerprint_of(name: str) -> Any:
+    def cache_key(path: str | None = None, data_dir: str | None = None, **_: Any) -> dict[str, Any]:
+        return files_fingerprint(_resolve_path(name, path, data_dir))
+
+    return cache_key
+
+
 def _parse_size(size: int | str | None) -> tuple[int, int] | None:
     """``32`` or ``"32"`` → (32, 32); ``"28x32"`` → (28, 32) as (height, width)."""
     if size is None:
@@ -88,6 +111,9 @@ def imagefolder(path: str | None = None, data_dir: str | None = None,
         inputs=images, labels=torch.tensor(labels, dtype=torch.int64), num_classes=len(classes),
         source=f"image folder {root} ({len(files)} images, {len(classes)} classes)",
         info={"classes": classes})
+
+
+imagefolder.cache_key = _fingerprint_of("imagefolder")
 
 
 # ----------------------------------------------------------------------------- parquet
@@ -178,3 +204,6 @@ def parquet(path: str | None = None, data_dir: str | None = None, image_column: 
     return TensorDataset(inputs=inputs, labels=torch.from_numpy(labels), num_classes=num_classes,
                          source=f"parquet {root} ({table.num_rows} rows from {num_files} file(s))",
                          groups=groups, info=info)
+
+
+parquet.cache_key = _fingerprint_of("parquet")
