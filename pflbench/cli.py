@@ -17,7 +17,8 @@ from .config import RunConfig
 from .registry import ALGORITHMS, DATASETS, MODELS, PARTITIONERS, load_plugin_file
 
 PARTITION_FIELDS = ("dataset", "dataset_option", "data_dir", "partition", "alpha",
-                    "shards_per_client", "min_size", "test_frac", "num_clients", "seed", "public_frac")
+                    "shards_per_client", "min_size", "test_frac", "num_clients", "seed", "public_frac",
+                    "dirichlet_cut", "partition_file")
 
 
 @click.group(cls=PflbenchGroup, context_settings={"help_option_names": ["-h", "--help"],
@@ -111,16 +112,25 @@ def list_command(kind: str | None, plugin: tuple[str, ...]) -> None:
 @cli.command("partition")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Save a label-distribution plot (PNG/PDF).")
 @click.option("--save", type=click.Path(dir_okay=False), help="Save indices and statistics as JSON.")
-def partition_command(plot: str | None, save: str | None, **values: Any) -> None:
+@click.option("--export", type=click.Path(dir_okay=False),
+              help="Export the exact train/test indices per client (JSON) for `run --partition-file`.")
+def partition_command(plot: str | None, save: str | None, export: str | None, **values: Any) -> None:
     """Partition a dataset and print per-client statistics."""
     from .config import validate
     from .data import load_dataset
     from .results import write_json
     from .runner import make_partition
 
+    from click.core import ParameterSource
+
+    from .partition_io import export_partition, fit_num_clients, partition_document
+
     config = RunConfig(**values)
     validate(config)
     dataset = load_dataset(config.dataset, config.dataset_options())
+    context = click.get_current_context()
+    explicit = {"num_clients"} if context.get_parameter_source("num_clients") is not ParameterSource.DEFAULT else set()
+    config = fit_num_clients(config, dataset, explicit)
     split = make_partition(config, dataset)
     stats = split.stats
     click.echo(f"{config.dataset}: {len(dataset.labels)} samples, {dataset.num_classes} classes, "
@@ -138,6 +148,9 @@ def partition_command(plot: str | None, save: str | None, **values: Any) -> None
 
         write_json(Path(save), {"config": dataclasses.asdict(config), **split.to_json()})
         click.echo(f"saved {save}")
+    if export:
+        export_partition(export, partition_document(config, dataset, split.train, split.test, split.public))
+        click.echo(f"exported {export}")
     if plot:
         from .plots import plot_label_distribution
 
