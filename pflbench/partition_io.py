@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 FORMAT = "pflbench-partition"
 VERSION = 1
+FLWR_PREFIX = "flwr:"
 FLWR_INSTALL_HINT = "flwr-datasets is not installed; install the extra: pip install 'pflbench[flwr]'"
 _INDEX_COLUMN = "__pflbench_row"
 
@@ -170,7 +171,10 @@ def validate_partition(preset: PresetPartition, dataset_size: int,
 def preset_partition(config: RunConfig, dataset: TensorDataset) -> PresetPartition | None:
     """The exact partition a run must use, if any: ``--partition-file``, else the dataset's own
     per-client train/test split under ``--partition natural`` (PFLlib folders). Validated."""
-    if config.partition_file is not None:
+    if config.partition_file is not None and config.partition_file.startswith(FLWR_PREFIX):
+        preset = flwr_preset(config, dataset)
+        name = None
+    elif config.partition_file is not None:
         preset = read_partition_file(config.partition_file)
         name = config.dataset
     elif config.partition == "natural" and "client_splits" in dataset.info:
@@ -195,6 +199,8 @@ def fit_num_clients(config: RunConfig, dataset: TensorDataset,
 
     A ``--num-clients`` the user set explicitly (``explicit``) must agree with the partition.
     """
+    if (config.partition_file or "").startswith(FLWR_PREFIX):
+        return config  # Flower's partitioner is built for --num-clients partitions
     preset = preset_partition(config, dataset)
     if preset is None or preset.num_clients == config.num_clients:
         return config
@@ -321,6 +327,59 @@ def flwr_partition_document(train_partitioner: Any, train_dataset: Any, dataset_
         "public": [],
         "settings": {"source": "flwr-datasets", "partitioner": type(train_partitioner).__name__},
     }
+
+
+def parse_flwr_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``flwr:Name[:key=value,...]`` → (partitioner class name, keyword arguments)."""
+    from .config import _key_values
+
+    name, _, options = spec[len(FLWR_PREFIX):].partition(":")
+    if not name.isidentifier():
+        raise ConfigError(f"--partition-file {spec!r}: expected flwr:<Partitioner>[:key=value,...], "
+                          "e.g. flwr:DirichletPartitioner:alpha=0.5,seed=42")
+    items = tuple(item for item in options.split(",") if item)
+    return name, _key_values(items, f"--partition-file {spec}")
+
+
+def flwr_preset(config: RunConfig, dataset: TensorDataset) -> PresetPartition:
+    """``--partition-file flwr:<Partitioner>[:key=value,...]``: a flwr-datasets partitioner with
+    ``num_partitions`` = --num-clients on pflbench's pooled client data (after the public
+    fraction is held out), as a Hugging Face Dataset with columns ``label`` (and ``group``
+    where the dataset has natural client ids; partitioners take ``partition_by="label"`` by
+    default). Each client's samples are then split train/test like every pflbench partition.
+    For Flower's exact split of one hub split, build the document in Python with
+    ``flwr_partition_document``."""
+    import inspect
+
+    import datasets
+
+    from .partition import split_train_test
+    from .pretrain import public_split
+    from .seeding import rng_stream
+
+    name, options = parse_flwr_spec(config.partition_file or "")
+    require_flwr()
+    import flwr_datasets.partitioner as partitioners
+
+    partitioner_class = getattr(partitioners, name, None)
+    if not isinstance(partitioner_class, type):
+        valid = ", ".join(n for n in dir(partitioners) if n.endswith("Partitioner") and n != "Partitioner")
+        raise ConfigError(f"flwr-datasets has no partitioner {name!r}; valid: {valid}")
+    accepted = inspect.signature(partitioner_class).parameters
+    if "partition_by" in accepted:
+        options.setdefault("partition_by", "label")
+    try:
+        partitioner = partitioner_class(num_partitions=config.num_clients, **options)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"--partition-file {config.partition_file}: {error}") from error
+    labels = dataset.labels.numpy()
+    pool, public = public_split(labels, config.public_frac, config.seed)
+    columns: dict[str, list] = {"label": labels[pool].tolist()}
+    if dataset.groups is not None:
+        columns["group"] = [str(g) for g in np.asarray(dataset.groups)[pool]]
+    clients = [pool[part] for part in flwr_partition_indices(partitioner, datasets.Dataset.from_dict(columns))]
+    train, test = split_train_test(labels, clients, config.test_frac, rng_stream(config.seed, "split"))
+    return PresetPartition(train, test, public, f"flwr-datasets {name}")
 
 
 def _label_column(dataset: Any) -> str:

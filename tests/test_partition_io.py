@@ -290,3 +290,40 @@ def test_real_flwr_datasets_partitioner() -> None:
     parts = flwr_partition_indices(IidPartitioner(num_partitions=5), train)
     joined = np.concatenate(parts)
     assert sorted(joined.tolist()) == list(range(50))
+
+
+def test_flwr_partitioner_spec_on_the_command_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``--partition-file flwr:Name:k=v`` builds flwr_datasets.partitioner.Name (a stand-in here)."""
+    import types
+
+    made: list[dict] = []
+
+    class ShardPartitioner(FakePartitioner):
+        def __init__(self, num_partitions: int, partition_by: str = "x", seed: int = 0) -> None:
+            super().__init__(num_partitions)
+            made.append({"num_partitions": num_partitions, "partition_by": partition_by, "seed": seed})
+
+    package = types.ModuleType("flwr_datasets")
+    package.partitioner = types.ModuleType("flwr_datasets.partitioner")
+    package.partitioner.ShardPartitioner = ShardPartitioner
+    monkeypatch.setitem(sys.modules, "flwr_datasets", package)
+    monkeypatch.setitem(sys.modules, "flwr_datasets.partitioner", package.partitioner)
+    config = RunConfig(dataset="digits", num_clients=4, partition_file="flwr:ShardPartitioner:seed=3")
+    split = make_partition(config, load_dataset("digits"))
+    assert made == [{"num_partitions": 4, "partition_by": "label", "seed": 3}]
+    labels = load_dataset("digits").labels.numpy()
+    order = np.argsort(labels, kind="stable")
+    for tr, te, expected in zip(split.train, split.test, np.array_split(order, 4)):
+        assert sorted(np.concatenate([tr, te]).tolist()) == sorted(expected.tolist())
+    code, output = invoke("partition", "--dataset", "digits", "--num-clients", "4",
+                          "--partition-file", "flwr:NoSuchPartitioner")
+    assert code == 2 and "flwr-datasets has no partitioner 'NoSuchPartitioner'" in output
+
+
+def test_flwr_spec_without_flwr_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "flwr_datasets", None)
+    code, output = invoke("partition", "--dataset", "digits", "--num-clients", "4",
+                          "--partition-file", "flwr:DirichletPartitioner:alpha=0.5")
+    assert code == 2 and output.strip() == f"Error: {FLWR_INSTALL_HINT}"
+    code, output = invoke("partition", "--dataset", "digits", "--partition-file", "flwr:")
+    assert code == 2 and "expected flwr:<Partitioner>" in output
