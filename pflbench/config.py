@@ -43,7 +43,8 @@ class RunConfig:
         "rule.", choices=("unbiased", "floor", "flower"))
     partition_file: str | None = option(
         None, "Use exactly this partition (a `pflbench partition --export` JSON or a run's "
-        "partition.json); it sets --num-clients.")
+        "partition.json); it sets --num-clients. flwr:<Partitioner>[:key=value,...] runs a "
+        "flwr-datasets partitioner instead (pip install 'pflbench[flwr]').")
     test_frac: float = option(0.25, "Fraction of each client's samples held out for its test split.")
     num_clients: int = option(20, "Number of clients K.")
     frac: float = option(1.0, "Fraction of clients sampled per round, M = max(1, round(K·frac)).")

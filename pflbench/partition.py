@@ -148,7 +148,14 @@ def shards(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
 @register_partitioner("natural")
 def natural(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
             groups: np.ndarray | None = None, min_size: int = 10) -> list[np.ndarray]:
-    """Use the dataset's own client column (e.g. FEMNIST ``writer_id``); K groups at random."""
+    """Use the dataset's own client column (e.g. FEMNIST ``writer_id``); K groups at random.
+
+    The K clients are drawn without replacement among the groups with ≥ ``min_size`` samples
+    (uniformly, so prolific writers are not preferred); each gets all of its group's samples
+    and the other groups' samples are unused. Asking for more clients than eligible groups is
+    an error. (A dataset that carries its own per-client train/test split, a PFLlib folder,
+    is used as it is, see ``pflbench.partition_io.preset_partition``.)
+    """
     if groups is None:
         raise ConfigError("partition 'natural' needs a dataset with a client-id column; "
                           "this dataset has none (use dirichlet, dirichlet-client, iid or shards)")
