@@ -134,7 +134,9 @@ def partition_command(plot: str | None, save: str | None, export: str | None, **
     split = make_partition(config, dataset)
     stats = split.stats
     click.echo(f"{config.dataset}: {len(dataset.labels)} samples, {dataset.num_classes} classes, "
-               f"partition={config.partition} alpha={config.alpha:g} K={config.num_clients} seed={config.seed}"
+               + (f"partition file {config.partition_file} K={config.num_clients}" if config.partition_file else
+                  f"partition={config.partition} alpha={config.alpha:g} K={config.num_clients} seed={config.seed}"
+                  + (f" cut={config.dirichlet_cut}" if config.partition == "dirichlet" else ""))
                + (f"; {len(split.public)} held out as public data" if len(split.public) else ""))
     click.echo(f"samples/client mean {stats['samples_mean']:.1f} std {stats['samples_std']:.1f} "
                f"min {stats['samples_min']} max {stats['samples_max']}; "
