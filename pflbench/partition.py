@@ -50,13 +50,14 @@ def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, al
         for c in classes:
             class_indices = rng.permutation(np.flatnonzero(labels == c))
             proportions = rng.dirichlet(np.full(num_clients, alpha))
-            if cut == "flower":
-                full = sizes > round(total / num_clients)
-            else:
-                full = sizes >= total / num_clients if balance else np.zeros(num_clients, bool)
-            capped = proportions * ~full
-            if capped.sum() > 0:  # all clients full: keep the raw draw rather than divide by 0
-                proportions = capped / capped.sum()
+            if balance or cut == "flower":
+                if cut == "flower":
+                    full = sizes > round(total / num_clients)
+                else:
+                    full = sizes >= total / num_clients
+                capped = proportions * ~full
+                if capped.sum() > 0:  # all clients full: keep the raw draw rather than divide by 0
+                    proportions = capped / capped.sum()
             if cut == "unbiased":
                 counts = largest_remainder_counts(proportions, len(class_indices), rng)
                 cuts = np.cumsum(counts)[:-1]
