@@ -163,13 +163,17 @@ def natural(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
     if num_clients < 1:
         raise ConfigError(f"--num-clients must be ≥ 1, got {num_clients}")
     groups = np.asarray(groups)
-    ids, counts = np.unique(groups, return_counts=True)
+    ids, inverse, counts = np.unique(groups, return_inverse=True, return_counts=True)
     eligible = ids[counts >= min_size]
     if len(eligible) < num_clients:
         raise ConfigError(f"partition 'natural': only {len(eligible)} groups have at least "
                           f"min_size={min_size} samples, {num_clients} clients were asked for")
     chosen = np.sort(rng.choice(eligible, size=num_clients, replace=False))
-    return [np.flatnonzero(groups == group) for group in chosen]
+    # members of each group in index order, without a K × N comparison (FEMNIST: 3,597 writers)
+    by_group = np.argsort(inverse.reshape(-1), kind="stable")
+    ends = np.cumsum(counts)
+    positions = np.searchsorted(ids, chosen)
+    return [by_group[ends[p] - counts[p]:ends[p]] for p in positions]
 
 
 def _check_enough_samples(total: int, num_clients: int, min_size: int) -> None:

@@ -281,15 +281,26 @@ def test_without_flwr_datasets_the_error_says_how_to_install(monkeypatch: pytest
     assert str(error.value) == FLWR_INSTALL_HINT and "pip install 'pflbench[flwr]'" in str(error.value)
 
 
-def test_real_flwr_datasets_partitioner() -> None:
+def test_real_flwr_datasets_partitioners() -> None:
     pytest.importorskip("flwr_datasets")
     import datasets
-    from flwr_datasets.partitioner import IidPartitioner
+    from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, ShardPartitioner
 
-    train = datasets.Dataset.from_dict({"label": list(range(10)) * 5})
-    parts = flwr_partition_indices(IidPartitioner(num_partitions=5), train)
-    joined = np.concatenate(parts)
-    assert sorted(joined.tolist()) == list(range(50))
+    labels = np.random.default_rng(0).integers(0, 10, 600)
+    train = datasets.Dataset.from_dict({"label": labels.tolist()})
+    for make in (lambda: IidPartitioner(num_partitions=5),
+                 lambda: DirichletPartitioner(num_partitions=5, partition_by="label", alpha=0.3,
+                                              seed=42, min_partition_size=5),
+                 # ShardPartitioner sorts its dataset first: its own indices address the sorted copy
+                 lambda: ShardPartitioner(num_partitions=5, partition_by="label",
+                                          num_shards_per_partition=2, seed=1)):
+        parts = flwr_partition_indices(make(), train)
+        joined = np.concatenate(parts)
+        assert len(np.unique(joined)) == len(joined)
+        untagged = make()
+        untagged.dataset = train
+        for k, part in enumerate(parts):
+            np.testing.assert_array_equal(labels[part], untagged.load_partition(k)["label"])
 
 
 def test_flwr_partitioner_spec_on_the_command_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
