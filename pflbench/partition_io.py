@@ -89,6 +89,9 @@ def read_partition_file(path: str | Path) -> PresetPartition:
     """A partition from an export file, a run's ``partition.json`` or a ``--save`` file."""
     where = f"--partition-file {str(path)!r}"
     path = Path(path)
+    if path.is_dir() and (path / "config.json").is_file() and (path / "train").is_dir():
+        raise ConfigError(f"{where} is a PFLlib dataset folder; load it as a dataset with its own "
+                          f"clients: --dataset pfllib --data-dir {path} --partition natural")
     if not path.is_file():
         raise ConfigError(f"{where} is not a file")
     try:

@@ -196,6 +196,12 @@ def test_pfllib_folder_runs_and_sets_num_clients(pfllib_folder, tmp_path: Path) 
     assert [len(t) for t in used["test_indices"]] == [len(c[3]) for c in clients]
 
 
+def test_a_pfllib_folder_as_partition_file_says_how_to_load_it(pfllib_folder) -> None:
+    root, _ = pfllib_folder
+    with pytest.raises(ConfigError, match="--dataset pfllib --data-dir .* --partition natural"):
+        read_partition_file(root)
+
+
 def test_pfllib_token_and_feature_folders(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     tokens = [(rng.integers(0, 80, (6, 80)), rng.integers(0, 80, 6),
