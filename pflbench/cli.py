@@ -116,14 +116,13 @@ def list_command(kind: str | None, plugin: tuple[str, ...]) -> None:
               help="Export the exact train/test indices per client (JSON) for `run --partition-file`.")
 def partition_command(plot: str | None, save: str | None, export: str | None, **values: Any) -> None:
     """Partition a dataset and print per-client statistics."""
-    from .config import validate
-    from .data import load_dataset
-    from .results import write_json
-    from .runner import make_partition
-
     from click.core import ParameterSource
 
+    from .config import validate
+    from .data import load_dataset
     from .partition_io import export_partition, fit_num_clients, partition_document
+    from .results import write_json
+    from .runner import make_partition
 
     config = RunConfig(**values)
     validate(config)
