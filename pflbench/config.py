@@ -42,6 +42,15 @@ class RunConfig:
     alpha: float = option(0.5, "Dirichlet concentration: 0.1 strong skew, 1 mild, 100 ≈ IID.")
     shards_per_client: int = option(2, "Shards per client for --partition shards.")
     min_size: int = option(10, "Minimum samples per client (dirichlet redraws until met).")
+    dirichlet_cut: str = option(
+        "unbiased", "How dirichlet turns class proportions into counts: unbiased = largest-remainder "
+        "rounding, no client favoured; floor = PFLlib's cumsum cut (the last client gets every "
+        "class's rounding leftovers); flower = the floor cut with flwr-datasets' self-balancing "
+        "rule.", choices=("unbiased", "floor", "flower"))
+    partition_file: str | None = option(
+        None, "Use exactly this partition (a `pflbench partition --export` JSON or a run's "
+        "partition.json); it sets --num-clients. flwr:<Partitioner>[:key=value,...] runs a "
+        "flwr-datasets partitioner instead (pip install 'pflbench[flwr]').")
     test_frac: float = option(0.25, "Fraction of each client's samples held out for its test split.")
     num_clients: int = option(20, "Number of clients K.")
     frac: float = option(1.0, "Fraction of clients sampled per round, M = max(1, round(K·frac)).")

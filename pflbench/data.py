@@ -26,7 +26,8 @@ CACHE_FORMAT_VERSION = 2  # 2: tensors + JSON metadata, content-hashed
 
 @dataclass
 class TensorDataset:
-    """The pooled dataset: ``inputs`` uint8 [N, C, H, W] images or float32 [N, D] features."""
+    """The pooled dataset: ``inputs`` uint8 [N, C, H, W] images, float32 [N, D] features or
+    integer [N, L] token ids (text, e.g. Shakespeare; not normalised)."""
 
     inputs: torch.Tensor
     labels: torch.Tensor  # int64 [N]
@@ -48,6 +49,8 @@ class TensorDataset:
         if self.is_image:
             flat = self.inputs.transpose(0, 1).reshape(self.inputs.shape[1], -1).float() / 255
             return flat.mean(dim=1), flat.std(dim=1).clamp_min(1e-6)
+        if not self.inputs.is_floating_point():  # integer token ids: reach the model unchanged
+            return torch.zeros(self.input_shape), torch.ones(self.input_shape)
         return self.inputs.mean(dim=0), self.inputs.std(dim=0).clamp_min(1e-6)
 
 
@@ -163,9 +166,21 @@ class FederatedData:
 
     def train_batches(self, client_id: int, batch_size: int,
                       generator: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """One epoch of shuffled minibatches of the client's train split (last one may be short)."""
+        """One epoch of shuffled minibatches of the client's train split (last one may be short).
+
+        No batch holds a single sample when ``batch_size`` > 1, so BatchNorm layers (which
+        cannot take batch statistics of one sample) never crash on a client's leftovers:
+        a trailing single sample is merged into the previous batch (which then holds
+        ``batch_size`` + 1), and a client with one train sample gets it as a batch of two
+        copies (same mean loss and gradient for a model without batch statistics).
+        """
         indices = self.train_indices[client_id]
         order = torch.randperm(len(indices), generator=generator).to(self.device)
         shuffled = indices[order]
-        for start in range(0, len(shuffled), batch_size):
-            yield self.gather(shuffled[start:start + batch_size])
+        if batch_size > 1 and len(shuffled) == 1:
+            shuffled = shuffled.repeat(2)
+        starts = list(range(0, len(shuffled), batch_size))
+        if batch_size > 1 and len(starts) > 1 and len(shuffled) - starts[-1] == 1:
+            starts.pop()
+        for start, end in zip(starts, starts[1:] + [len(shuffled)]):
+            yield self.gather(shuffled[start:end])

@@ -1,4 +1,4 @@
-"""The model zoo (``mlp``, ``cnn``, ``lenet``), timm models by name, and the body/head split.
+"""The model zoo (``mlp``, ``cnn``, ``lenet``, ``cnn_bn``, ``char_lstm``), timm models by name, and the body/head split.
 
 Every model declares its layer order from input to output (``layer_names``); the head is the
 last ``head_layers`` of them (the final classifier by default), so FedPer/FedRep never guess
@@ -96,6 +96,55 @@ class LeNet(_TwoConvNet):
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
         super().__init__(input_shape, num_classes, (6, 16, 120, 84))
+
+
+@register_model("cnn_bn")
+class BatchNormCNN(LayeredModel):
+    """Small CNN with BatchNorm: conv3 32-BN → pool → conv3 64-BN → pool → fc 128-BN → classes."""
+
+    layer_names = ("conv1", "bn1", "conv2", "bn2", "fc1", "bn3", "fc2")
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, width: int = 32) -> None:
+        super().__init__()
+        if len(input_shape) != 3:
+            raise ConfigError(f"cnn_bn needs image inputs, the data has shape {input_shape}")
+        channels, height, width_px = input_shape
+        self.conv1, self.bn1 = nn.Conv2d(channels, width, 3, padding=1), nn.BatchNorm2d(width)
+        self.conv2, self.bn2 = nn.Conv2d(width, 2 * width, 3, padding=1), nn.BatchNorm2d(2 * width)
+        self.pool = nn.MaxPool2d(2, 2, ceil_mode=True)
+        flat = 2 * width * math.ceil(height / 4) * math.ceil(width_px / 4)
+        self.fc1, self.bn3 = nn.Linear(flat, 128), nn.BatchNorm1d(128)
+        self.fc2 = nn.Linear(128, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(torch.relu(self.bn1(self.conv1(x))))
+        x = self.pool(torch.relu(self.bn2(self.conv2(x)))).flatten(1)
+        return self.fc2(torch.relu(self.bn3(self.fc1(x))))
+
+
+@register_model("char_lstm")
+class CharLSTM(LayeredModel):
+    """Next-character LSTM (LEAF's Shakespeare model): embed 8 → 2× LSTM 256 → classes.
+
+    Takes token ids [B, L] (floats holding integers are fine) and predicts the next token
+    from the last position. The vocabulary is the label set (``vocab_size`` overrides). On a
+    CPU, ``--model-option hidden=64`` trains about 10× faster.
+    """
+
+    layer_names = ("embedding", "lstm", "fc")
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, hidden: int = 256,
+                 layers: int = 2, embed_dim: int = 8, vocab_size: int | None = None) -> None:
+        super().__init__()
+        if len(input_shape) != 1:
+            raise ConfigError(f"char_lstm needs token sequences [L], the data has shape {input_shape}")
+        self.embedding = nn.Embedding(vocab_size or num_classes, embed_dim)
+        self.lstm = nn.LSTM(embed_dim, hidden, num_layers=layers, batch_first=True)
+        self.fc = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        output, _ = self.lstm(self.embedding(x.long()))
+        return self.fc(output[:, -1])
 
 
 def vit_patch_size(height: int, width: int) -> int:

@@ -25,6 +25,7 @@ from .errors import ConfigError
 from .metrics import summarize
 from .models import build_model
 from .partition import partition, partition_stats, split_train_test
+from .partition_io import fit_num_clients, preset_partition
 from .pretrain import initial_weights, load_initial_weights, public_split
 from .registry import ALGORITHMS
 from .results import RunWriter
@@ -48,12 +49,17 @@ def make_partition(config: RunConfig, dataset: TensorDataset) -> Partition:
     """Hold out the public fraction (public stream), partition the rest over clients
     (partition stream), then split each client (split stream)."""
     labels = dataset.labels.numpy()
+    preset = preset_partition(config, dataset)  # --partition-file, or a dataset's own client split
+    if preset is not None:
+        stats = partition_stats(labels, preset.train, preset.test, dataset.num_classes)
+        return Partition(preset.train, preset.test, {**stats, "public_samples": len(preset.public)},
+                         preset.public)
     pool, public = public_split(labels, config.public_frac, config.seed)
     groups = None if dataset.groups is None else np.asarray(dataset.groups)[pool]
     clients = partition(config.partition, labels[pool], config.num_clients,
                         rng_stream(config.seed, "partition"), alpha=config.alpha,
                         min_size=config.min_size, shards_per_client=config.shards_per_client,
-                        groups=groups)
+                        groups=groups, cut=config.dirichlet_cut)
     clients = [pool[indices] for indices in clients]
     train, test = split_train_test(labels, clients, config.test_frac, rng_stream(config.seed, "split"))
     stats = {**partition_stats(labels, train, test, dataset.num_classes), "public_samples": len(public)}
@@ -123,6 +129,7 @@ def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None,
     resolved: dict[str, Any] = {"run_defaults": applied}
     device = resolve_device(config.device)
     dataset = load_dataset(config.dataset, config.dataset_options())
+    config = fit_num_clients(config, dataset, explicit)  # a preset partition sets K
     split = make_partition(config, dataset)
     if config.init_spec.pretrains(lora_rank is not None):
         check_model(config, algorithm_class, hparams, dataset)

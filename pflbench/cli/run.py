@@ -14,7 +14,8 @@ from ..registry import ALGORITHMS, DATASETS, MODELS, PARTITIONERS
 from .options import RunCommand, dataclass_options
 
 PARTITION_FIELDS = ("dataset", "dataset_option", "data_dir", "partition", "alpha",
-                    "shards_per_client", "min_size", "test_frac", "num_clients", "seed", "public_frac")
+                    "shards_per_client", "min_size", "test_frac", "num_clients", "seed", "public_frac",
+                    "dirichlet_cut", "partition_file")
 
 
 def _run_callback(quiet: bool, plugin: tuple[str, ...], **values: Any) -> None:
@@ -109,10 +110,15 @@ def list_command(kind: str | None, plugin: tuple[str, ...]) -> None:
 @click.command("partition")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Save a label-distribution plot (PNG/PDF).")
 @click.option("--save", type=click.Path(dir_okay=False), help="Save indices and statistics as JSON.")
-def partition_command(plot: str | None, save: str | None, **values: Any) -> None:
+@click.option("--export", type=click.Path(dir_okay=False),
+              help="Export the exact train/test indices per client (JSON) for `run --partition-file`.")
+def partition_command(plot: str | None, save: str | None, export: str | None, **values: Any) -> None:
     """Partition a dataset and print per-client statistics."""
+    from click.core import ParameterSource
+
     from ..config import BASE_DEFAULTS, validate
     from ..data import load_dataset
+    from ..partition_io import export_partition, fit_num_clients, partition_document
     from ..results import write_json
     from ..runner import make_partition
 
@@ -120,10 +126,15 @@ def partition_command(plot: str | None, save: str | None, **values: Any) -> None
     config = dataclasses.replace(config, **{k: v for k, v in BASE_DEFAULTS.items() if getattr(config, k) is None})
     validate(config)
     dataset = load_dataset(config.dataset, config.dataset_options())
+    context = click.get_current_context()
+    explicit = {"num_clients"} if context.get_parameter_source("num_clients") is not ParameterSource.DEFAULT else set()
+    config = fit_num_clients(config, dataset, explicit)
     split = make_partition(config, dataset)
     stats = split.stats
     click.echo(f"{config.dataset}: {len(dataset.labels)} samples, {dataset.num_classes} classes, "
-               f"partition={config.partition} alpha={config.alpha:g} K={config.num_clients} seed={config.seed}"
+               + (f"partition file {config.partition_file} K={config.num_clients}" if config.partition_file else
+                  f"partition={config.partition} alpha={config.alpha:g} K={config.num_clients} seed={config.seed}"
+                  + (f" cut={config.dirichlet_cut}" if config.partition == "dirichlet" else ""))
                + (f"; {len(split.public)} held out as public data" if len(split.public) else ""))
     click.echo(f"samples/client mean {stats['samples_mean']:.1f} std {stats['samples_std']:.1f} "
                f"min {stats['samples_min']} max {stats['samples_max']}; "
@@ -137,6 +148,9 @@ def partition_command(plot: str | None, save: str | None, **values: Any) -> None
 
         write_json(Path(save), {"config": dataclasses.asdict(config), **split.to_json()})
         click.echo(f"saved {save}")
+    if export:
+        export_partition(export, partition_document(config, dataset, split.train, split.test, split.public))
+        click.echo(f"exported {export}")
     if plot:
         from ..plots import plot_label_distribution
 

@@ -217,14 +217,19 @@ def _pool(splits: dict[str, datasets.Dataset], image_column: str, label_column: 
                          info=info)
 
 
+def hub_splits(source: HubSource,
+               data_dir: str | None) -> tuple[dict[str, datasets.Dataset], str]:
+    """The splits of ``source`` (hub cache, or the local copy ``data_dir``) and their origin."""
+    if data_dir is None:
+        return _from_hub(source), f"Hugging Face hub {source.hub_id}"
+    path = Path(data_dir).expanduser().resolve()
+    return _from_local_copy(source, path), f"{path} (local copy of {source.hub_id})"
+
+
 def load_hub_dataset(source: HubSource, data_dir: str | None,
                      label_column: str | None = None) -> TensorDataset:
     """All splits of ``source`` pooled into one TensorDataset (see the module docstring)."""
-    if data_dir is None:
-        splits, origin = _from_hub(source), f"Hugging Face hub {source.hub_id}"
-    else:
-        path = Path(data_dir).expanduser().resolve()
-        splits, origin = _from_local_copy(source, path), f"{path} (local copy of {source.hub_id})"
+    splits, origin = hub_splits(source, data_dir)
     return _pool(splits, source.image_column, label_column or source.label_column, origin)
 
 
