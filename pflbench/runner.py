@@ -129,7 +129,9 @@ def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None,
     resolved: dict[str, Any] = {"run_defaults": applied}
     device = resolve_device(config.device)
     dataset = load_dataset(config.dataset, config.dataset_options())
-    config = fit_num_clients(config, dataset, explicit)  # a preset partition sets K
+    # a preset partition sets K; a --num-clients other than the default must agree with it
+    explicit = {"num_clients"} if config.num_clients != RunConfig.num_clients else set()
+    config = fit_num_clients(config, dataset, explicit)
     split = make_partition(config, dataset)
     if config.init_spec.pretrains(lora_rank is not None):
         check_model(config, algorithm_class, hparams, dataset)
