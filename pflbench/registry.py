@@ -179,6 +179,12 @@ def _decorated_names(source: str, kind: str) -> list[tuple[str, str]]:
     return found
 
 
+def _from_file(item: Any, path: str) -> bool:
+    module = sys.modules.get(getattr(item, "__module__", ""), None)
+    origin = getattr(module, "__file__", None)
+    return origin is not None and Path(origin).resolve() == Path(path).resolve()
+
+
 def describe(registry: Registry, plugin_files: tuple[str, ...] = ()) -> dict[str, str]:
     """Name → one-line description of every plugin, read from the sources without importing
     them (``pflbench list`` must not pay for torch). A module whose registrations cannot be read
@@ -202,15 +208,15 @@ def describe(registry: Registry, plugin_files: tuple[str, ...] = ()) -> dict[str
             found = _decorated_names(Path(origin).read_text(), kind) if origin else []
         except (OSError, SyntaxError, UnicodeDecodeError):
             found = []
-        if not found:  # registered dynamically: import and read the registry
+        if origin in plugin_files:  # loaded (and validated) already: read the registry
+            found = [(name, ((item.__doc__ or "").strip().splitlines() or [""])[0])
+                     for name, item in registry._items.items() if _from_file(item, origin)]
+        elif not found:  # registered dynamically: import and read the registry
             before = set(registry._items)
-            if origin in plugin_files:
-                load_plugin_file(origin)
-            else:
-                try:
-                    importlib.import_module(module)
-                except Exception as error:  # a broken plugin must not hide the others
-                    print(f"warning: could not load {registry.kind} plugin {module!r}: {error}", file=sys.stderr)
+            try:
+                importlib.import_module(module)
+            except Exception as error:  # a broken plugin must not hide the others
+                print(f"warning: could not load {registry.kind} plugin {module!r}: {error}", file=sys.stderr)
             found = [(name, ((registry._items[name].__doc__ or "").strip().splitlines() or [""])[0])
                      for name in set(registry._items) - before]
         described.update(found)

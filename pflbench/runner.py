@@ -54,7 +54,7 @@ def make_partition(config: RunConfig, dataset: TensorDataset) -> Partition:
         stats = partition_stats(labels, preset.train, preset.test, dataset.num_classes)
         return Partition(preset.train, preset.test, {**stats, "public_samples": len(preset.public)},
                          preset.public)
-    pool, public = public_split(labels, config.public_frac, config.seed)
+    pool, public = public_split(labels, config.public_frac or 0.0, config.seed)  # unset: none
     groups = None if dataset.groups is None else np.asarray(dataset.groups)[pool]
     clients = partition(config.partition, labels[pool], config.num_clients,
                         rng_stream(config.seed, "partition"), alpha=config.alpha,

@@ -20,19 +20,10 @@ def isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 @pytest.fixture
 def record_traffic():
-    """Wrap ``server.train_client`` so a test sees the keys each client received and uploaded."""
+    """Watch a ``pflbench.testing.Harness``: the keys each client received and uploaded."""
 
-    def install(server) -> tuple[list[set[str]], list[set[str]]]:
-        received, uploaded = [], []
-        original = server.train_client
-
-        def spy(client_id, payload, round_index):
-            received.append(set(payload))
-            update = original(client_id, payload, round_index)
-            uploaded.append(set(update.params))
-            return update
-
-        server.train_client = spy
-        return received, uploaded
+    def install(harness) -> tuple[list[set[str]], list[set[str]]]:
+        observer = harness.watch_traffic()
+        return observer.received, observer.uploaded
 
     return install

@@ -10,6 +10,7 @@ from pflbench.algorithms.fedprox import proximal_term
 from pflbench.config import RunConfig
 from pflbench.engine import ClientStateStore, ClientUpdate, tensor_bytes, weighted_average
 from pflbench.registry import ALGORITHMS
+from pflbench.testing import Harness
 from pflbench.runner import prepare
 
 
@@ -24,7 +25,7 @@ def test_weighted_average_hand_computed() -> None:
 def test_fedavg_aggregate_weights_by_samples() -> None:
     """Clients with 10 and 30 samples: w = (10·w1 + 30·w2) / 40."""
     config = RunConfig(algo="fedavg", model="mlp", num_clients=3, rounds=1, out="unused")
-    server = prepare(config).server
+    server = Harness(prepare(config))
     name = server.shared_names[0]
     shape = server.global_state[name].shape
     ones, threes = torch.ones(shape), torch.full(shape, 3.0)
@@ -52,26 +53,33 @@ def test_proximal_term_gradient_is_mu_times_difference() -> None:
 
 def test_fedprox_loss_adds_exactly_the_proximal_term() -> None:
     config = RunConfig(algo="fedprox", model="mlp", num_clients=3, rounds=1, out="unused")
-    server = prepare(config, {"mu": 0.2}).server
+    server = Harness(prepare(config, {"mu": 0.2}))
     received = {n: t + 0.5 for n, t in server.global_state.items()}
     inputs, targets = server.data.gather(server.data.train_indices[0][:8])
-    terms = server.client.loss_terms(server.forward, server.parameters, inputs, targets, received)
+    terms = server.program.loss_terms(server.forward, server.parameters, inputs, targets, received)
     numel = sum(t.numel() for t in received.values())
     assert terms["proximal"].item() == pytest.approx(0.1 * 0.25 * numel, rel=1e-5)
     plain = torch.nn.functional.cross_entropy(server.model(inputs), targets)
     assert terms["task"].item() == pytest.approx(plain.item(), rel=1e-6)
 
 
-def test_client_state_store_keeps_copies() -> None:
+def test_client_state_store_keeps_each_clients_state() -> None:
     initial = {"head": torch.zeros(2)}
     store = ClientStateStore(initial)
     assert store.get(3) is initial and 3 not in store
-    live = torch.tensor([1.0, 2.0])
-    store.put(3, {"head": live})
-    live += 10  # the store must not alias the working tensor
+    store.put(3, {"head": torch.tensor([1.0, 2.0])})
     assert torch.equal(store.get(3)["head"], torch.tensor([1.0, 2.0]))
-    assert torch.equal(store.get(4)["head"], torch.zeros(2))
+    assert torch.equal(store.get(4)["head"], torch.zeros(2)) and store.clients() == [3]
     assert store.nbytes() == 8
+
+
+def test_private_state_returned_by_the_executor_does_not_alias_the_working_model() -> None:
+    server = Harness(prepare(RunConfig(algo="fedper", model="mlp", num_clients=3, rounds=1, out="unused")))
+    update = server.train_client(0, server.global_state)
+    before = {n: t.clone() for n, t in update.private.items()}
+    server.train_client(1, server.global_state)  # overwrites the working model
+    assert all(torch.equal(update.private[n], before[n]) for n in before)
+    assert all(not torch.equal(server.store.get(0)[n], server.store.get(1)[n]) for n in before)
 
 
 def test_tensor_bytes_counts_numel_times_element_size() -> None:
@@ -82,8 +90,8 @@ def test_bytes_are_counted_from_the_tensors_sent() -> None:
     config = RunConfig(algo="fedavg", model="mlp", num_clients=4, frac=0.5, rounds=2, out="unused")
     prepared = prepare(config)
     records = []
-    prepared.server.run(records.append)
-    model_bytes = sum(p.numel() * 4 for p in prepared.server.model.parameters())
+    Harness(prepared).run(records.append)
+    model_bytes = sum(p.numel() * 4 for p in Harness(prepared).model.parameters())
     for record in records:
         assert record["bytes_up"] == record["bytes_down"] == 2 * model_bytes
     assert records[-1]["bytes_up_cum"] == 4 * model_bytes
@@ -94,7 +102,7 @@ def test_same_seed_gives_same_client_sequence_for_every_algorithm() -> None:
     for algo in ALGORITHMS.names():
         config = RunConfig(algo=algo, model="mlp", num_clients=10, frac=0.3, rounds=1, out="unused",
                            lora_targets="fc1,fc2", backbone="random")  # LoRA algorithms: the mlp's body
-        server = prepare(config).server
+        server = Harness(prepare(config))
         sequences[algo] = [server.sample_clients() for _ in range(5)]
     first = next(iter(sequences.values()))
     assert all(seq == first for seq in sequences.values())
@@ -103,10 +111,33 @@ def test_same_seed_gives_same_client_sequence_for_every_algorithm() -> None:
 
 def test_local_phase_freezing_and_restores_requires_grad() -> None:
     config = RunConfig(algo="fedavg", model="mlp", num_clients=3, rounds=1, out="unused")
-    server = prepare(config).server
+    server = Harness(prepare(config))
     assert all(server.parameters[n].requires_grad for n in server.trainable_names)
     server.train_client(0, server.global_state, 1)
     assert all(server.parameters[n].requires_grad for n in server.trainable_names)
+
+
+def test_optimizer_is_data_and_builds_the_same_torch_optimizer() -> None:
+    from pflbench.engine import OptimizerSpec, ParamGroup, build_optimizer
+
+    params = {"a": torch.nn.Parameter(torch.zeros(2)), "b": torch.nn.Parameter(torch.zeros(3))}
+    sgd = build_optimizer(OptimizerSpec("sgd", lr=0.1, momentum=0.9, weight_decay=0.01), params)
+    assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["momentum"] == 0.9
+    adam = build_optimizer(OptimizerSpec("adam", lr=0.1, groups=(ParamGroup(frozenset({"b"}), 0.5),)), params)
+    assert [g["lr"] for g in adam.param_groups] == [0.1, 0.5]
+    assert adam.param_groups[1]["params"][0] is params["b"]
+    import pickle
+    assert pickle.loads(pickle.dumps(OptimizerSpec("adam", lr=0.1))) == OptimizerSpec("adam", lr=0.1)
+
+
+def test_client_program_is_picklable_and_has_no_server_reference() -> None:
+    import pickle
+
+    for algo in ("fedavg", "fedprox", "fedrep"):
+        server = Harness(prepare(RunConfig(algo=algo, model="mlp", num_clients=3, rounds=1, out="unused")))
+        program = pickle.loads(pickle.dumps(server.program))
+        assert program.layout == server.algorithm.layout
+        assert not any(hasattr(value, "global_state") for value in vars(program).values())
 
 
 def test_config_is_frozen() -> None:

@@ -12,6 +12,7 @@ from pflbench.algorithms.fedsdg import (GatedLoRALinear, fedsdg_server_aggregate
                                         weight_statistics)
 from pflbench.config import RunConfig
 from pflbench.registry import ALGORITHMS
+from pflbench.testing import Harness
 from pflbench.runner import prepare
 
 T = torch.tensor
@@ -102,7 +103,7 @@ def server():
     config = RunConfig(algo="fedsdg", dataset="digits", model="vit_tiny_patch16_224", model_option=VIT,
                        num_clients=4, frac=0.5, rounds=2, optimizer="adam", lr=1e-3,
                        backbone="random", out="unused")
-    return prepare(config).server
+    return Harness(prepare(config))
 
 
 def test_structure_names_and_init(server) -> None:
@@ -135,10 +136,10 @@ def test_effective_weight_is_shared_plus_gated_private(server) -> None:
 def test_first_step_penalties_and_private_gradient(server) -> None:
     inputs, targets = server.data.gather(server.data.train_indices[0][:16])
     server.load_client(0, server.global_state)
-    terms = server.client.loss_terms(server.forward, server.parameters, inputs, targets, server.global_state)
+    terms = server.program.loss_terms(server.forward, server.parameters, inputs, targets, server.global_state)
     assert terms["gate_penalty"].item() == pytest.approx(3.0)  # 6 blocks × m = 0.5
     assert terms["private_penalty"].item() < 1e-4
-    loss = sum(server.client.loss_weights.get(n, 1.0) * t for n, t in terms.items())
+    loss = sum(server.program.loss_weights.get(n, 1.0) * t for n, t in terms.items())
     loss.backward()
     grads = [server.parameters[n].grad for n in server.private_lora_names if n.endswith("lora_A_private")]
     assert all(g is not None for g in grads) and any(g.abs().sum() > 0 for g in grads)
@@ -146,13 +147,15 @@ def test_first_step_penalties_and_private_gradient(server) -> None:
 
 
 def test_optimizer_groups_and_no_weight_decay(server) -> None:
+    from pflbench.engine import build_optimizer
+
     trainable = {n: server.parameters[n] for n in server.trainable_names}
-    optimizer = server.client.make_optimizer(trainable)
+    optimizer = build_optimizer(server.program.optimizer(), trainable)
     assert isinstance(optimizer, torch.optim.Adam)
     assert [g["lr"] for g in optimizer.param_groups] == [1e-3, 1e-3, 1e-2]
     assert all(g["weight_decay"] == 0 and g["betas"] == (0.9, 0.999) for g in optimizer.param_groups)
     assert sum(len(g["params"]) for g in optimizer.param_groups) == len(trainable)
-    assert server.client.max_grad_norm == 1.0
+    assert server.program.max_grad_norm == 1.0
 
 
 def test_private_params_and_gates_never_travel(server, record_traffic) -> None:
@@ -160,7 +163,6 @@ def test_private_params_and_gates_never_travel(server, record_traffic) -> None:
     received, uploads = record_traffic(server)
     records = []
     server.run(records.append)
-    del server.train_client
     assert uploads and all(not keys & private for keys in uploads + received)
     assert not private & set(server.global_state)
     trained = [k for k in range(4) if k in server.store]
@@ -168,10 +170,11 @@ def test_private_params_and_gates_never_travel(server, record_traffic) -> None:
     moved = [not torch.equal(server.store.get(k)[n], server.store.initial[n])
              for k in trained for n in server.gate_names]
     assert any(moved), "gates train on the client"
-    for key in ("task_loss", "gate_penalty", "private_penalty", "agg_weight_mean", "agg_weight_std",
+    for key in ("loss_task", "loss_gate_penalty", "loss_private_penalty", "agg_weight_mean", "agg_weight_std",
                 "agg_weight_min", "agg_weight_max", "agg_weight_zeros", "agg_weight_entropy",
                 "agg_fallbacks"):
         assert key in records[-1], key
+    assert not {"task_loss", "gate_penalty", "private_penalty"} & set(records[-1]), "each term logged once"
     summary, columns = server.final_report()
     assert len(summary["gates"]) == 4 and len(summary["gates"][0]) == 6
     assert set(columns) == {f"gate_{i}" for i in range(6)}
@@ -189,9 +192,9 @@ def test_global_model_forces_gates_to_zero(server) -> None:
 def test_penalties_absent_for_every_other_algorithm(algo: str) -> None:
     config = RunConfig(algo=algo, dataset="digits", model="mlp", num_clients=3, rounds=1,
                        lora_targets="fc1,fc2", backbone="random", out="unused")
-    other = prepare(config).server
+    other = Harness(prepare(config))
     inputs, targets = other.data.gather(other.data.train_indices[0][:8])
-    terms = other.client.loss_terms(other.forward, other.parameters, inputs, targets, other.global_state)
+    terms = other.program.loss_terms(other.forward, other.parameters, inputs, targets, other.global_state)
     assert not {"gate_penalty", "private_penalty"} & set(terms)
     assert not any("lambda_k_logit" in n or n.endswith("_private") for n in other.parameters)
 

@@ -14,6 +14,7 @@ from pflbench.algorithms.flexlora import (aggregate_lora_deltas, client_ranks, f
 from pflbench.config import RunConfig
 from pflbench.engine import tensor_bytes
 from pflbench.errors import ConfigError
+from pflbench.testing import Harness
 from pflbench.runner import execute, prepare
 from pflbench.seeding import rng_stream
 
@@ -107,7 +108,7 @@ def flexlora_config(tmp_path: Path, **changes) -> RunConfig:
 
 
 def test_heterogeneous_round_shapes_bytes_and_an_independent_svd_check(tmp_path: Path) -> None:
-    server = prepare(flexlora_config(tmp_path), {"rank_dist": "2,4,8"}).server
+    server = Harness(prepare(flexlora_config(tmp_path), {"rank_dist": "2,4,8"}))
     assert server.ranks == [2, 4, 8] and server.max_rank == 8
     assert server.global_state["fc1.lora_A"].shape == (8, 64)
     updates = []
@@ -134,10 +135,10 @@ def test_heterogeneous_round_shapes_bytes_and_an_independent_svd_check(tmp_path:
 
 
 def test_a_client_of_rank_r_never_holds_more_than_r_components(tmp_path: Path) -> None:
-    server = prepare(flexlora_config(tmp_path), {"rank_dist": "2,8"}).server
+    server = Harness(prepare(flexlora_config(tmp_path), {"rank_dist": "2,8"}))
     updates = [server.train_client(k, server.broadcast(k), 1) for k in range(3)]
     server.aggregate(updates)
-    layer = server.layers["fc1"]
+    layer = server.model.get_submodule("fc1")
     server.load_client(0, server.broadcast(0))
     assert layer.active_rank == 2
     assert layer.lora_A[2:].abs().sum() == 0 and layer.lora_B[:, 2:].abs().sum() == 0
@@ -151,7 +152,7 @@ def test_a_client_of_rank_r_never_holds_more_than_r_components(tmp_path: Path) -
 
 
 def test_a_round_with_fewer_components_than_the_largest_rank(tmp_path: Path) -> None:
-    server = prepare(flexlora_config(tmp_path), {"rank_dist": "2,8"}).server
+    server = Harness(prepare(flexlora_config(tmp_path), {"rank_dist": "2,8"}))
     update = server.train_client(0, server.broadcast(0), 1)  # one rank-2 client: k = 2 < R = 8
     server.aggregate([update])
     received = server.broadcast(1)
@@ -171,7 +172,7 @@ def test_run_records_ranks_energy_and_per_rank_bytes(tmp_path: Path) -> None:
     assert record["ranks"] == [2, 4, 8]
     assert 0 < record["energy_kept_r2"] <= record["energy_kept_r4"] <= record["energy_kept_r8"] <= 1 + 1e-9
     assert record["server_svd_time_s"] > 0
-    server = prepared.server
+    server = Harness(prepared)
     sizes = {r: tensor_bytes(server.broadcast(server.ranks.index(r))) for r in (2, 4, 8)}
     assert sizes[2] < sizes[4] < sizes[8]
     assert record["bytes_down"] == record["bytes_up"] == sum(sizes.values())
@@ -180,6 +181,6 @@ def test_run_records_ranks_energy_and_per_rank_bytes(tmp_path: Path) -> None:
 def test_lora_rank_is_only_the_homo_rank(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="--lora-rank is the rank of --rank-dist homo"):
         prepare(flexlora_config(tmp_path, lora_rank=4), {"rank_dist": "uniform"})
-    assert prepare(flexlora_config(tmp_path, lora_rank=4), {"rank_dist": "homo"}).server.ranks == [4, 4, 4]
+    assert Harness(prepare(flexlora_config(tmp_path, lora_rank=4), {"rank_dist": "homo"})).ranks == [4, 4, 4]
     with pytest.raises(ConfigError, match="--rank-set"):
         prepare(flexlora_config(tmp_path), {"rank_set": "4,x"})

@@ -12,6 +12,7 @@ from pflbench.config import RunConfig
 from pflbench.errors import ConfigError
 from pflbench.lora import LoRALinear, apply_lora, lora_layers
 from pflbench.models import build_model, head_parameter_names, load_weights, vit_patch_size
+from pflbench.testing import Harness
 from pflbench.runner import execute, prepare
 
 TINY_VIT = ("depth=2", "embed_dim=16", "num_heads=2")
@@ -136,7 +137,7 @@ def lora_config(tmp_path: Path, **changes) -> RunConfig:
 
 def test_lora_run_shares_and_uploads_only_lora_and_head(tmp_path: Path) -> None:
     prepared = prepare(lora_config(tmp_path))
-    server = prepared.server
+    server = Harness(prepared)
     assert set(server.shared_names) == {n for n, p in server.model.named_parameters() if p.requires_grad}
     assert all(".lora_" in n or n.startswith("head.") for n in server.shared_names)
     proj = server.model.blocks[0].attn.proj
@@ -152,7 +153,7 @@ def test_lora_run_shares_and_uploads_only_lora_and_head(tmp_path: Path) -> None:
 
 
 def test_lora_with_fedper_keeps_the_head_private(tmp_path: Path) -> None:
-    server = prepare(lora_config(tmp_path, algo="fedper")).server
+    server = Harness(prepare(lora_config(tmp_path, algo="fedper")))
     assert server.private_names == ["head.weight", "head.bias"]
     assert server.shared_names and all(".lora_" in n for n in server.shared_names)
     assert head_parameter_names(server.model) == {"head.weight", "head.bias"}

@@ -16,6 +16,7 @@ from pflbench.config import RunConfig
 from pflbench.data import FederatedData, TensorDataset, load_dataset
 from pflbench.errors import ConfigError
 from pflbench.models import build_model, head_module_names
+from pflbench.testing import Harness
 from pflbench.runner import execute, make_partition, prepare
 
 FEMNIST_NAMES = list(string.digits + string.ascii_uppercase + string.ascii_lowercase)
@@ -144,9 +145,9 @@ def test_shakespeare_char_lstm_with_a_private_head(tmp_path: Path, algo: str) ->
                        model_option=("hidden=16", "layers=1"), rounds=1, batch_size=8,
                        out=str(tmp_path / "out"))
     prepared = prepare(config, {"head_epochs": 1} if algo == "fedrep" else None)
-    assert head_module_names(prepared.server.model) == ["fc"]
-    assert all(name.startswith("fc.") for name in prepared.server.private_names)
-    assert prepared.server.private_names and prepared.server.shared_names
+    assert head_module_names(Harness(prepared).model) == ["fc"]
+    assert all(name.startswith("fc.") for name in Harness(prepared).private_names)
+    assert Harness(prepared).private_names and Harness(prepared).shared_names
     summary = execute(prepared)
     assert 0 <= summary["pers_acc"] <= 1
 
@@ -197,7 +198,7 @@ def test_batchnorm_models_train_on_tiny_clients(tmp_path: Path, model_name: str)
                        alpha=0.5, min_size=2, rounds=1, batch_size=4 if model_name == "resnet18" else 2,
                        frac=0.1 if model_name == "resnet18" else 1.0, out=str(tmp_path))
     prepared = prepare(config)
-    train_sizes = prepared.server.data.num_train
+    train_sizes = Harness(prepared).data.num_train
     assert any(n % config.batch_size == 1 for n in train_sizes)
     summary = execute(prepared)
     assert np.isfinite(summary["final_train_loss"])

@@ -1,4 +1,4 @@
-"""The plugin folders install as pflbench.algorithms / pflbench.datasets without shadowing
+"""The built-in plugins are the subpackages pflbench.algorithms / pflbench.datasets; nothing shadows
 Hugging Face ``datasets``, in editable and in plain (wheel) installs."""
 from __future__ import annotations
 
@@ -31,8 +31,9 @@ def test_plugin_folders_are_the_package_modules() -> None:
     import pflbench.algorithms.fedavg as fedavg
     import pflbench.datasets.builtin as builtin
 
-    assert Path(fedavg.__file__).resolve() == REPO / "algorithms" / "fedavg.py"
-    assert Path(builtin.__file__).resolve() == REPO / "datasets" / "builtin.py"
+    assert Path(fedavg.__file__).resolve() == REPO / "pflbench" / "algorithms" / "fedavg.py"
+    assert Path(builtin.__file__).resolve() == REPO / "pflbench" / "datasets" / "builtin.py"
+    assert not (REPO / "algorithms" / "__init__.py").exists()  # the top-level folders hold docs only
     assert Path(pflbench.__file__).resolve().parent == REPO / "pflbench"
 
 

@@ -16,6 +16,7 @@ from pflbench.data import load_dataset
 from pflbench.errors import ConfigError
 from pflbench.partition_io import (FLWR_INSTALL_HINT, flwr_partition_document,
                                    flwr_partition_indices, read_partition_file, require_flwr)
+from pflbench.testing import Harness
 from pflbench.runner import make_partition, prepare
 
 DIGITS_SIZE = 1797
@@ -68,7 +69,7 @@ def test_the_partition_sets_num_clients_unless_contradicted(tmp_path: Path) -> N
     file, _ = _export(tmp_path)
     prepared = prepare(RunConfig(dataset="digits", model="mlp", rounds=1, partition_file=str(file),
                                  out=str(tmp_path)))
-    assert prepared.config.num_clients == 5 and prepared.server.data.num_clients == 5
+    assert prepared.config.num_clients == 5 and Harness(prepared).data.num_clients == 5
     code, output = invoke("run", *TINY_RUN, "--partition-file", str(file), "--num-clients", "4",
                           "--out", str(tmp_path / "out"))
     assert code == 2 and "--num-clients 4 contradicts partition" in output

@@ -7,6 +7,7 @@ import torch
 
 from pflbench.config import RunConfig
 from pflbench.models import build_model, head_parameter_names
+from pflbench.testing import Harness
 from pflbench.runner import prepare
 
 HEAD = {"fc3.weight", "fc3.bias"}  # the mlp's classifier
@@ -17,7 +18,7 @@ def server_for(algo: str, **overrides):
                     out="unused")
     settings.update(overrides)
     algo_options = settings.pop("algo_options", {})
-    return prepare(RunConfig(**settings), algo_options).server
+    return Harness(prepare(RunConfig(**settings), algo_options))
 
 
 @pytest.mark.parametrize("model, head", [("mlp", {"fc3.weight", "fc3.bias"}),
@@ -86,7 +87,7 @@ def test_fedrep_body_phase_leaves_head_bit_identical() -> None:
 
 def test_fedrep_phases_in_order_head_then_body() -> None:
     server = server_for("fedrep", local_epochs=3, algo_options={"head_epochs": 5})
-    phases = server.client.local_phases()
+    phases = server.program.local_phases(0)
     assert [p.epochs for p in phases] == [5, 3]
     assert phases[0].trainable == frozenset(HEAD)
     assert phases[1].trainable == frozenset(server.shared_names)

@@ -11,10 +11,12 @@ import torch
 from click.testing import CliRunner
 
 from pflbench.cli import cli
-from pflbench.config import RunConfig, apply_lora_run_defaults
+from pflbench.algorithms.fedavg import FedAvg
+from pflbench.config import RunConfig, resolve
 from pflbench.data import load_dataset
 from pflbench.errors import ConfigError
 from pflbench.partition import partition, split_train_test
+from pflbench.testing import Harness
 from pflbench.runner import make_partition, prepare
 from pflbench.seeding import rng_stream
 
@@ -67,7 +69,7 @@ def test_backbone_is_pretrained_once_cached_and_recorded(tmp_path: Path, monkeyp
     assert second.resolved["backbone"]["sha256"] == backbone["sha256"]
     saved = torch.load(path, weights_only=True)["state_dict"]
     assert "head.weight" not in saved and "blocks.0.attn.proj.weight" in saved
-    proj = second.server.model.blocks[0].attn.proj
+    proj = Harness(second).model.blocks[0].attn.proj
     assert torch.equal(proj.base.weight, saved["blocks.0.attn.proj.weight"])
     other = prepare(lora_config(tmp_path, pretrain_epochs=3)).resolved["backbone"]
     assert other["cache"] == "created" and other["sha256"] != backbone["sha256"]
@@ -81,11 +83,23 @@ def test_a_backbone_pretrained_on_other_public_data_is_refused(tmp_path: Path) -
 
 
 def test_lora_run_defaults_fill_only_what_the_user_did_not_set() -> None:
-    config, applied = apply_lora_run_defaults(RunConfig(lr=0.05), {"lr"})
+    hparams = FedAvg.hyperparameters()
+    config, applied = resolve(RunConfig(lr=0.05, lora_rank=4), FedAvg, hparams)
     assert config.model == applied["model"] == "vit_tiny_patch16_224"
     assert config.public_frac == 0.2 and config.lr == 0.05 and "lr" not in applied
-    kept, applied = apply_lora_run_defaults(RunConfig(model="resnet18"), {"model"})
+    assert config.model_option == ("depth=6", "embed_dim=64", "num_heads=4")
+    kept, applied = resolve(RunConfig(model="resnet18", lora_rank=4), FedAvg, hparams)
     assert kept.model_option == () and "model" not in applied and "model_option" not in applied
+    plain, applied = resolve(RunConfig(), FedAvg, hparams)
+    assert (plain.model, plain.lr, plain.optimizer, plain.public_frac) == ("cnn", 0.01, "sgd", 0.0)
+
+
+def test_library_and_cli_resolve_a_lora_run_the_same_way(tmp_path: Path) -> None:
+    """A library call with the same arguments as the CLI gets the same resolved config."""
+    from pflbench.runner import prepare as prepare_run
+
+    library = prepare_run(lora_config(tmp_path)).config
+    assert library.model == "vit_tiny_patch16_224" and library.optimizer == "adam"
 
 
 def test_cli_lora_run_uses_recorded_defaults_and_the_pretrain_command_shares_its_cache(tmp_path: Path) -> None:
@@ -101,7 +115,8 @@ def test_cli_lora_run_uses_recorded_defaults_and_the_pretrain_command_shares_its
     config = json.loads((folder / "config.json").read_text())
     assert config["model"] == "vit_tiny_patch16_224" and config["public_frac"] == 0.2
     assert config["model_option"] == list(TINY_VIT)
-    assert set(config["resolved"]["lora_run_defaults"]) == {"model", "public_frac", "optimizer", "lr"}
+    assert set(config["resolved"]["run_defaults"]) == {"model", "model_option", "public_frac", "optimizer",
+                                                       "lr", "max_grad_norm"}
     assert config["resolved"]["backbone"]["cache"] == "hit"
     assert len(json.loads((folder / "partition.json").read_text())["public_indices"]) > 300
     summary = json.loads((folder / "summary.json").read_text())
@@ -114,5 +129,5 @@ def test_cli_plain_run_is_untouched_by_lora_defaults(tmp_path: Path) -> None:
     (folder,) = list((tmp_path / "runs").iterdir())
     config = json.loads((folder / "config.json").read_text())
     assert config["public_frac"] == 0.0 and config["optimizer"] == "sgd"
-    assert "lora_run_defaults" not in config["resolved"]
+    assert set(config["resolved"]["run_defaults"]) == {"public_frac", "optimizer", "lr", "max_grad_norm"}
     assert config["resolved"]["backbone"]["source"] == "random init"

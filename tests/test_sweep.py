@@ -145,15 +145,27 @@ def test_interrupted_sweep_resumes_with_only_the_missing_runs(tmp_path: Path, mo
     assert (partial / "summary.json").is_file()
 
 
-def test_lora_grid_gives_every_run_the_lora_defaults_unless_explicit() -> None:
+def test_lora_grid_gives_every_run_the_lora_defaults_unless_set() -> None:
     from pflbench.config import LORA_RUN_DEFAULTS
 
     grid = Grid(["fedavg", "fedsdg"], ["digits"], [0.5], [0], {})
-    runs = expand_grid(RunConfig(lr=0.05), grid, explicit={"lr"})
+    runs = expand_grid(RunConfig(lr=0.05), grid)
     assert {r.config.algo for r in runs} == {"fedavg", "fedsdg"}
     for run in runs:  # same model and same public hold-out (client data) for both algorithms
         assert run.config.model == LORA_RUN_DEFAULTS["model"]
         assert run.config.public_frac == LORA_RUN_DEFAULTS["public_frac"]
         assert run.config.lr == 0.05  # explicit options are kept
-    plain = expand_grid(RunConfig(), Grid(["fedavg", "fedprox"], ["digits"], [0.5], [0], {}), explicit=set())
+    plain = expand_grid(RunConfig(), Grid(["fedavg", "fedprox"], ["digits"], [0.5], [0], {}))
     assert all(r.config.model == "cnn" and r.config.public_frac == 0.0 for r in plain)
+
+
+def test_flexlora_grid_with_a_lora_rank_resolves_like_the_run(tmp_path) -> None:
+    """Defect: the grid used the default hyperparameters to decide the rank (--rank-dist homo)."""
+    from pflbench.runner import prepare
+
+    base = RunConfig(lora_rank=8, rounds=2, out=str(tmp_path))
+    (run,) = expand_grid(base, Grid(["flexlora"], ["digits"], [0.5], [0], {"rank_dist": ("homo",)}))
+    single = prepare(RunConfig(algo="flexlora", lora_rank=8, rounds=2, out=str(tmp_path)), {"rank_dist": "homo"})
+    assert run.config == single.config and run.run_dir == single.run_dir
+    with pytest.raises(ConfigError, match="--lora-rank is the rank of --rank-dist homo"):
+        expand_grid(base, Grid(["flexlora"], ["digits"], [0.5], [0], {}))

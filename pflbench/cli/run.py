@@ -93,8 +93,10 @@ run_command = RunCommand(
 @click.option("--plugin", multiple=True, help="Python file that registers plugins (repeatable).")
 def list_command(kind: str | None, plugin: tuple[str, ...]) -> None:
     """List the registered plugins (all kinds, or one)."""
-    from ..registry import describe
+    from ..registry import describe, load_plugin_file
 
+    for path in plugin:  # a broken plugin is one error before anything is listed
+        load_plugin_file(path)
     registries = {"algorithms": ALGORITHMS, "datasets": DATASETS, "models": MODELS,
                   "partitioners": PARTITIONERS}
     for name, registry in registries.items():
