@@ -170,6 +170,13 @@ LORA_RUN_DEFAULTS: dict[str, Any] = {
 LORA_DEFAULT_RANK = 8  # LoRA algorithms' rank (FedSDG, FlexLoRA homo) when --lora-rank is unset
 
 
+def with_base_defaults(config: RunConfig) -> RunConfig:
+    """``config`` with its unset settings at ``BASE_DEFAULTS`` (stages used without an algorithm:
+    ``pflbench partition``, ``pflbench pretrain``, ``make_partition``)."""
+    unset = {k: v for k, v in BASE_DEFAULTS.items() if getattr(config, k) is None}
+    return dataclasses.replace(config, **unset) if unset else config
+
+
 def _resolved(value: Any, name: str) -> Any:
     if value is None:
         raise RuntimeError(f"{name} is unset: resolve the config first (config.resolve)")

@@ -189,7 +189,7 @@ def preset_partition(config: RunConfig, dataset: TensorDataset) -> PresetPartiti
     else:
         return None
     validate_partition(preset, len(dataset.labels), name)
-    if config.public_frac > 0 and len(preset.public) == 0:
+    if (config.public_frac or 0) > 0 and len(preset.public) == 0:
         raise ConfigError(f"partition {preset.source!r} holds no public samples, but --public-frac "
                           f"is {config.public_frac:g}; pass --public-frac 0 (and --weights FILE or "
                           "--backbone random for a LoRA run)")

@@ -17,7 +17,7 @@ import torch
 
 from . import __version__
 from .config import (RunConfig, hyperparameters_from, identity_hash, resolve, run_identity,
-                     run_name, validate)
+                     run_name, validate, with_base_defaults)
 from .data import FederatedData, TensorDataset, load_dataset
 from .engine import EXECUTORS, Algorithm, Executor, Federation, Observer, RunObserver
 from .engine.observers import RoundCallback
@@ -48,13 +48,14 @@ class Partition:
 def make_partition(config: RunConfig, dataset: TensorDataset) -> Partition:
     """Hold out the public fraction (public stream), partition the rest over clients
     (partition stream), then split each client (split stream)."""
+    config = with_base_defaults(config)
     labels = dataset.labels.numpy()
     preset = preset_partition(config, dataset)  # --partition-file, or a dataset's own client split
     if preset is not None:
         stats = partition_stats(labels, preset.train, preset.test, dataset.num_classes)
         return Partition(preset.train, preset.test, {**stats, "public_samples": len(preset.public)},
                          preset.public)
-    pool, public = public_split(labels, config.public_frac or 0.0, config.seed)  # unset: none
+    pool, public = public_split(labels, config.public_frac, config.seed)
     groups = None if dataset.groups is None else np.asarray(dataset.groups)[pool]
     clients = partition(config.partition, labels[pool], config.num_clients,
                         rng_stream(config.seed, "partition"), alpha=config.alpha,

@@ -115,8 +115,9 @@ def test_cli_lora_run_uses_recorded_defaults_and_the_pretrain_command_shares_its
     config = json.loads((folder / "config.json").read_text())
     assert config["model"] == "vit_tiny_patch16_224" and config["public_frac"] == 0.2
     assert config["model_option"] == list(TINY_VIT)
-    assert set(config["resolved"]["run_defaults"]) == {"model", "model_option", "public_frac", "optimizer",
-                                                       "lr", "max_grad_norm"}
+    # --model-option was given: the user's options stay, the model comes from the LoRA defaults
+    assert set(config["resolved"]["run_defaults"]) == {"model", "public_frac", "optimizer", "lr",
+                                                       "max_grad_norm"}
     assert config["resolved"]["backbone"]["cache"] == "hit"
     assert len(json.loads((folder / "partition.json").read_text())["public_indices"]) > 300
     summary = json.loads((folder / "summary.json").read_text())

@@ -21,13 +21,13 @@ def pretrain_command(**values: Any) -> None:
     Runs with the same dataset, model, model options, --public-frac, --seed and pretraining
     settings find it in the cache: LoRA runs by default, any run with --backbone public.
     """
-    from ..config import BASE_DEFAULTS, validate
+    from ..config import validate, with_base_defaults
     from ..data import load_dataset
     from ..pretrain import pretrain_backbone, public_split
     from ..runner import resolve_device
 
     config = RunConfig(**values)
-    config = dataclasses.replace(config, **{k: v for k, v in BASE_DEFAULTS.items() if getattr(config, k) is None})
+    config = with_base_defaults(config)
     validate(config)
     if config.public_frac <= 0:
         raise ConfigError("--public-frac must be > 0: the backbone is trained on that public fraction")

@@ -118,14 +118,14 @@ def partition_command(plot: str | None, save: str | None, export: str | None, **
     """Partition a dataset and print per-client statistics."""
     from click.core import ParameterSource
 
-    from ..config import BASE_DEFAULTS, validate
+    from ..config import validate, with_base_defaults
     from ..data import load_dataset
     from ..partition_io import export_partition, fit_num_clients, partition_document
     from ..results import write_json
     from ..runner import make_partition
 
     config = RunConfig(**values)
-    config = dataclasses.replace(config, **{k: v for k, v in BASE_DEFAULTS.items() if getattr(config, k) is None})
+    config = with_base_defaults(config)
     validate(config)
     dataset = load_dataset(config.dataset, config.dataset_options())
     context = click.get_current_context()
