@@ -96,7 +96,8 @@ class Harness:
         return self.federation.sample_clients()
 
     def load_client(self, client_id: int, received: Tensors) -> None:
-        load_into(self.state, self.algorithm.program.assemble(received, self.algorithm.store.get(client_id)))
+        assembled = self.algorithm.program.assemble(received, self.algorithm.store.get(client_id))
+        load_into(self.state, self.algorithm.model_state(assembled))
 
     def load_global_model(self) -> None:
         load_into(self.state, self.algorithm.global_model())

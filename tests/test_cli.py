@@ -89,10 +89,8 @@ def test_partition_prints_statistics_and_plots(tmp_path: Path) -> None:
 
 PLUGIN = '''
 from dataclasses import dataclass
+from pflbench import option, register_algorithm
 from pflbench.algorithms.fedavg import FedAvg
-from pflbench.config import option
-from pflbench.engine import Client
-from pflbench.registry import register_algorithm
 
 
 @dataclass(frozen=True)
@@ -174,3 +172,40 @@ def test_contributing_example_plugin_runs(tmp_path: Path) -> None:
     assert code == 0, output
     records = (run_folder(tmp_path / "out") / "rounds.jsonl").read_text().splitlines()
     assert "loss_anchor" in json.loads(records[-1])
+
+
+def test_contributing_two_model_example_runs_and_reports_the_personal_model(tmp_path: Path) -> None:
+    """The second-model-per-client example in CONTRIBUTING.md: runs, v never travels, and its
+    pers_acc is the personal model's (not the global one's)."""
+    text = (Path(__file__).resolve().parents[1] / "CONTRIBUTING.md").read_text()
+    code = text.split('```python\n"""TwinAvg')[1].split("```")[0]
+    plugin = tmp_path / "twinavg.py"
+    plugin.write_text('"""TwinAvg' + code)
+    code, output = invoke("run", "--plugin", str(plugin), "--algo", "twinavg", *TINY, "--out", str(tmp_path / "out"))
+    assert code == 0, output
+    folder = run_folder(tmp_path / "out")
+    summary = json.loads((folder / "summary.json").read_text())
+    config = json.loads((folder / "config.json").read_text())
+    rounds = [json.loads(line) for line in (folder / "rounds.jsonl").read_text().splitlines()]
+    assert any(r["pers_acc"] != r["global_acc"] for r in rounds) and summary["global_acc"] is not None
+    assert config["resolved"]["private_parameters"] == 0  # v is extra state, not model state
+    record = json.loads((folder / "rounds.jsonl").read_text().splitlines()[-1])
+    assert record["bytes_up"] == record["bytes_down"]  # only w travels
+
+
+def test_an_algorithm_with_a_second_model_cannot_silently_report_the_global_one(tmp_path: Path) -> None:
+    plugin = tmp_path / "forgetful.py"
+    plugin.write_text('''
+import torch
+from pflbench import Algorithm, register_algorithm
+
+
+@register_algorithm("forgetful")
+class Forgetful(Algorithm):
+    """Keeps a personal copy per client but never says how it is evaluated."""
+
+    def extra_private_state(self):
+        return {"personal." + n: t.clone() for n, t in self.global_state.items()}
+''')
+    code, output = invoke("run", "--plugin", str(plugin), "--algo", "forgetful", *TINY, "--out", str(tmp_path / "out"))
+    assert code == 2 and "does not override personal_model" in output

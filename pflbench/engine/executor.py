@@ -46,7 +46,8 @@ class SequentialExecutor:
 
     def train_one(self, program: ClientProgram, job: ClientJob) -> ClientUpdate:
         """Load the client's model, run its local update, read back upload and private state."""
-        load_into(self.tensors, program.assemble(job.received, job.private))
+        assembled = program.assemble(job.received, job.private)
+        load_into(self.tensors, {n: t for n, t in assembled.items() if n in self.tensors})  # extra state stays in the job
         torch.manual_seed(derive_seed(job.seed, "dropout"))  # dropout and friends: per job
         trainer = LocalTrainer(self.model, self.data, job, program.local.batch_size)
         result = program.local_update(trainer)
