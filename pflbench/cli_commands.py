@@ -166,6 +166,11 @@ def leaderboard_command(dirs: tuple[str, ...], metric: str, fmt: str, extra: str
     if fmt == "all" and output is None:
         raise ConfigError("--format all writes one file per format; give --output FOLDER")
     renames = parse_renames(rename)
+    for folder in ([Path(plots)] if plots else []) + ([Path(output).parent] if output else []):
+        try:  # unwritable targets are an error before any work or output
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ConfigError(f"cannot write {folder}: {error.strerror or error}") from None
     frame = load_runs(dirs, warn=lambda message: click.echo(f"warning: {message}", err=True),
                       include_abnormal=include_diverged)
     if frame.empty:

@@ -88,10 +88,10 @@ def notes(table: pd.DataFrame) -> list[str]:
     if test in TEST_NAMES:
         result.append(f"Underlined: not significantly worse than the column's best ({TEST_NAMES[test]} "
                       f"over the seeds both share, p ≥ {table.attrs.get('level', 0.05):g}).")
-        untested = sum(1 for c in table_cells if c.mean is not None and not c.best and c.tied is None)
+        untested = sum(1 for c in table_cells if c.rank is not None and c.rank > 1 and c.tied is None)
         if untested:
-            result.append(f"{untested} entries are not tested and carry no mark: fewer than 2 seeds pair "
-                          "with the best (a paired test needs n ≥ 2).")
+            result.append(f"{untested} {'entry is' if untested == 1 else 'entries are'} not tested and carry "
+                          "no mark: fewer than 2 seeds pair with the best (a paired test needs n ≥ 2).")
     if any(c.fewer_seeds for c in table_cells):
         result.append("† fewer seeds than the other cells; n = seeds in that cell.")
     if any(c.mean is None for c in table_cells):

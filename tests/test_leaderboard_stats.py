@@ -137,7 +137,7 @@ def test_paired_t_marks_known_outcome(constructed: Path) -> None:
     assert "| FedAvg | **85.00 ± 5.00** |" in text
     assert "| FedPer | <ins>83.33 ± 4.16</ins> |" in text
     assert "| FedProx | 75.33 ± 5.03 |" in text and "| FedRep | 50.00 †n=1 |" in text
-    assert "paired two-sided t-test" in text and "1 entries are not tested" in text
+    assert "paired two-sided t-test" in text and "1 entry is not tested" in text
 
 
 def test_wilcoxon_and_no_test(constructed: Path) -> None:
