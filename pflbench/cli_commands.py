@@ -141,7 +141,7 @@ def _write_text(path: Any, text: str) -> None:
               help="Display name of an algorithm or a row (repeatable), e.g. --rename fedavg='FedAvg (ours)'.")
 @click.option("--latex-fit", type=click.Choice(("resize", "transpose", "none")), default="resize",
               show_default=True, help="LaTeX tables wider than the text: scale down (needs graphicx), "
-              "transpose (algorithms as columns), or leave as is.")
+              "transpose (algorithms as columns, then scaled down if still too wide), or leave as is.")
 @click.option("--label", help="LaTeX \\label [default: tab:<metric>-<hash of the table>].")
 @click.option("--include-diverged", is_flag=True,
               help="Show runs whose status is not normal (e.g. diverged) on rows of their own, flagged "

@@ -4,7 +4,8 @@ Needs ``\\usepackage{booktabs}`` and, for ``fit="resize"`` (the default), ``\\us
 The caption states the setup and how to read the cells (``tables.notes``); the label is unique
 per table content (``tab:<metric>-<hash>``) unless given. ``fit``: ``resize`` scales a table
 wider than ``\\linewidth`` down to it (narrower tables keep their size), ``transpose`` puts the
-algorithms in columns and the (dataset, α) panels in rows, ``none`` leaves it as it is.
+algorithms in columns and the (dataset, α) panels in rows (and shrinks it too if it is still
+wider than the text), ``none`` leaves it as it is.
 """
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def to_latex(table: pd.DataFrame, label: str | None = None, fit: str = "resize")
     caption = latex_escape(" ".join(notes(table)))
     short = latex_escape(metric_title(table))
     body = _transposed(table) if fit == "transpose" else _tabular(table)
-    if fit == "resize":  # shrink to \linewidth only when wider
+    if fit != "none":  # shrink to \linewidth only when wider
         body = [r"\resizebox{\ifdim\width>\linewidth\linewidth\else\width\fi}{!}{%", *body, "}"]
     lines = [r"\begin{table}[t]", r"\centering", rf"\caption[{short}]{{{caption}}}",
              rf"\label{{{safe_label(label) if label else table_label(table)}}}", r"\smallskip", *body, r"\end{table}"]
