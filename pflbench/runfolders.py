@@ -164,25 +164,28 @@ def load_runs(paths: str | Path | Iterable[str | Path], warn: Callable[[str], No
     """Every finished run under ``paths``, each once, as one tidy frame; the others are skipped
     with a warning (``include_abnormal``: runs whose status is not normal are kept, flagged)."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    readable: list[tuple[Path, str, str | None, list[tuple[Any, ...]]]] = []
+    for folder in find_run_folders(paths, warn):
+        try:
+            readable.append((folder, *read_run(folder)))
+        except (ValueError, TypeError, KeyError, OverflowError, RecursionError, MemoryError) as error:
+            warn(f"skipped {folder}: {error}")
+    # of several copies of one run, keep the folder the runner named (its name ends in the hash)
+    readable.sort(key=lambda item: not item[0].name.endswith("__" + item[1][:8]))
     rows: list[tuple[Any, ...]] = []
     seen: dict[str, Path] = {}
     names: set[str] = set()
-    for folder in find_run_folders(paths, warn):
-        try:
-            identity, status, run_rows = read_run(folder)
-        except (ValueError, TypeError, KeyError, OverflowError, RecursionError, MemoryError) as error:
-            warn(f"skipped {folder}: {error}")
-            continue
+    for folder, identity, status, run_rows in readable:
         if identity in seen:
             warn(f"skipped {folder}: same run (settings and seed) as {seen[identity]}; counted once")
             continue
+        seen[identity] = folder
         if status is not None and not include_abnormal:
             warn(f"skipped {folder}: {status} run (status {status!r}); --include-diverged shows it flagged")
             continue
         if folder.name in names:  # same folder name, different settings: keep both apart
             run_rows = [(str(folder), *row[1:]) for row in run_rows]
         names.add(folder.name)
-        seen[identity] = folder
         rows += run_rows
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
     frame["value"] = pd.to_numeric(frame["value"], errors="coerce")

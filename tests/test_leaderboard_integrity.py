@@ -206,3 +206,15 @@ def test_cells_of_a_run_with_no_value_are_not_ranked(tmp_path: Path) -> None:
     assert marks["FedPer", ("digits", 0.1, "pers_acc")].mean is None
     assert marks["FedPer", ("digits", 0.1, "pers_acc")].rank is None
     assert marks["FedAvg", ("digits", 0.1, "pers_acc")].rank == 1
+
+
+def test_of_several_copies_the_runner_named_folder_is_kept(tmp_path: Path) -> None:
+    made = write_run(tmp_path, "fedavg", 0.1, 0, 0.80, 0.7)
+    identity = run_identity(json.loads((made / "config.json").read_text()))
+    named = made.with_name(f"fedavg__digits__a0.1__s0__{identity[:8]}")
+    made.rename(named)
+    shutil.copytree(named, tmp_path / "runs" / "a copy")  # sorts first
+    frame, messages = collect(tmp_path)
+    assert frame["run"].unique().tolist() == [named.name]
+    assert messages == [f"skipped {tmp_path / 'runs' / 'a copy'}: same run (settings and seed) as {named}; "
+                        "counted once"]
