@@ -11,7 +11,6 @@ warning naming the folder; ``include_abnormal=True`` keeps the not-normal ones, 
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
@@ -21,7 +20,6 @@ from typing import Any, Callable, Iterable
 
 import pandas as pd
 
-from .config import RunConfig
 from .errors import ConfigError
 
 GRID_AXES = ("algo", "dataset", "alpha", "seed")
@@ -80,10 +78,25 @@ def _failure(folder: Path) -> str:
         return "unfinished run (no summary.json)"
 
 
+def flat_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``config.json`` as one flat mapping: settings kept in groups (``{"data": {...}}``) are
+    lifted to the top level (top-level keys win); ``algo_hparams`` and the excluded keys stay."""
+    flat: dict[str, Any] = {}
+    groups = [k for k, v in config.items() if isinstance(v, dict) and k != "algo_hparams"
+              and k not in RUN_IDENTITY_EXCLUDED]
+    for group in groups:
+        flat.update(config[group])
+    flat.update({k: v for k, v in config.items() if k not in groups})
+    return flat
+
+
 def setting_of(config: dict[str, Any]) -> dict[str, Any]:
-    """The run's settings minus the grid axes: RunConfig fields (``out`` excluded) and hyperparameters."""
-    names = [f.name for f in dataclasses.fields(RunConfig) if f.name not in (*GRID_AXES, "out")]
-    return {"run": {n: config.get(n) for n in names}, "algo_hparams": dict(config.get("algo_hparams") or {})}
+    """The run's settings minus the grid axes and what does not determine the numbers (output
+    location, command, versions, ...): ``{"run": {...}, "algo_hparams": {...}}``."""
+    flat = flat_config(config)
+    run = {k: v for k, v in flat.items()
+           if k not in (*GRID_AXES, "algo_hparams") and k not in RUN_IDENTITY_EXCLUDED}
+    return {"run": run, "algo_hparams": dict(flat.get("algo_hparams") or {})}
 
 
 def run_identity(config: dict[str, Any]) -> str:
@@ -130,7 +143,7 @@ def read_run(folder: Path) -> tuple[str, str | None, list[tuple[Any, ...]]]:
         raise ValueError("config.json or summary.json is not a JSON object")
     if not isinstance(config.get("algo_hparams", {}), (dict, type(None))):
         raise ValueError("config.json: algo_hparams is not an object")
-    head_values = _grid_values(config)
+    head_values = _grid_values(flat_config(config))
     try:
         if (folder / "rounds.jsonl").stat().st_size > MAX_ROUNDS_BYTES:
             raise ValueError(f"rounds.jsonl is larger than {MAX_ROUNDS_BYTES // 2**20} MiB")

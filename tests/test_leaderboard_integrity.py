@@ -218,3 +218,20 @@ def test_of_several_copies_the_runner_named_folder_is_kept(tmp_path: Path) -> No
     assert frame["run"].unique().tolist() == [named.name]
     assert messages == [f"skipped {tmp_path / 'runs' / 'a copy'}: same run (settings and seed) as {named}; "
                         "counted once"]
+
+
+def test_grouped_config_json_is_read_too(tmp_path: Path) -> None:
+    """A config.json whose settings sit in groups (``{"data": {...}, "train": {...}}``)."""
+    for seed, (final, lr) in enumerate([(0.8, 0.01), (0.6, 0.05)]):
+        folder = write_run(tmp_path, "fedavg", 0.1, seed, final, 0.7)
+        flat = json.loads((folder / "config.json").read_text())
+        grouped = {"algo": flat.pop("algo"), "seed": flat.pop("seed"), "algo_hparams": flat.pop("algo_hparams"),
+                   "data": {k: flat.pop(k) for k in ("dataset", "alpha", "num_clients", "partition", "frac")},
+                   "train": {**{k: flat.pop(k) for k in ("rounds", "local_epochs")}, "lr": lr},
+                   "model": {"name": flat.pop("model")}, "out": flat.pop("out")}
+        (folder / "config.json").write_text(json.dumps(grouped))
+    frame, messages = collect(tmp_path)
+    assert not messages and frame["run"].nunique() == 2
+    table = pivot(frame)
+    assert list(table.index) == ["FedAvg (lr=0.01)", "FedAvg (lr=0.05)"]
+    assert "20 clients, 20 sampled per round, 2 rounds, 1 local epoch" in to_markdown(table)
