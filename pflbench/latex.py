@@ -26,7 +26,9 @@ LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", 
 
 
 def latex_escape(text: str) -> str:
-    return "".join(LATEX_SPECIAL.get(char, char) for char in text)
+    """Text as LaTeX typesets it literally; line breaks and other control characters become spaces."""
+    return "".join(LATEX_SPECIAL.get(char, " " if char.isspace() or not char.isprintable() else char)
+                   for char in text)
 
 
 DAGGER = r"$\dagger$"

@@ -123,8 +123,8 @@ def _grid_values(config: dict[str, Any]) -> tuple[str, str, float, int]:
         raise ValueError("config.json: algo and dataset must be non-empty strings")
     if not _is_number(alpha) or alpha is None or not math.isfinite(alpha) or alpha < 0:
         raise ValueError(f"config.json: alpha must be a finite number ≥ 0, got {str(alpha)[:50]}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ValueError(f"config.json: seed must be an integer, got {str(seed)[:50]}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+        raise ValueError(f"config.json: seed must be an integer ≥ 0, got {str(seed)[:50]}")
     return algo, dataset, float(alpha), seed
 
 
@@ -160,8 +160,8 @@ def read_run(folder: Path) -> tuple[str, str | None, list[tuple[Any, ...]]]:
     rows = [(*head, None, k, v, key, status) for k, v in summary.items()
             if k not in SUMMARY_NON_METRICS and _is_number(v)]
     for record in records:
-        if not isinstance(record, dict) or not isinstance(record.get("round"), int) \
-                or isinstance(record["round"], bool):
+        number = record.get("round") if isinstance(record, dict) else None
+        if not isinstance(number, int) or isinstance(number, bool) or not 0 <= number < 2**53:
             raise ValueError("rounds.jsonl has a record without a round number")
         rows += [(*head, record["round"], k, v, key, status) for k, v in record.items()
                  if k not in ROUND_NON_METRICS and isinstance(k, str) and _is_number(v)]

@@ -23,7 +23,7 @@ def sample_std(values: Sequence[float]) -> float | None:
     if len(values) < 2:
         return None
     centre = mean(values)
-    return math.sqrt(sum((v - centre) ** 2 for v in values) / (len(values) - 1))
+    return math.sqrt(sum((v - centre) * (v - centre) for v in values) / (len(values) - 1))  # inf, not OverflowError
 
 
 def t_two_sided_p(t: float, df: int) -> float:
@@ -35,6 +35,8 @@ def t_two_sided_p(t: float, df: int) -> float:
     """
     if df < 1:
         raise ValueError("degrees of freedom must be ≥ 1")
+    if math.isnan(t):
+        return math.nan
     if math.isinf(t):
         return 0.0
     theta = math.atan(abs(t) / math.sqrt(df))
@@ -146,8 +148,9 @@ def paired_p_value(best: Mapping[int, float], other: Mapping[int, float], test: 
     if test == "none" or len(seeds) < 2:
         return None, len(seeds)
     a, b = [best[s] for s in seeds], [other[s] for s in seeds]
-    if test == "ttest":
-        return paired_t_test(a, b)[1], len(seeds)
-    if test == "wilcoxon":
-        return wilcoxon_signed_rank(a, b)[1], len(seeds)
-    raise ValueError(f"test must be one of {TESTS}")
+    if test not in ("ttest", "wilcoxon"):
+        raise ValueError(f"test must be one of {TESTS}")
+    if not all(math.isfinite(x - y) for x, y in zip(a, b)):
+        return None, len(seeds)
+    p = (paired_t_test if test == "ttest" else wilcoxon_signed_rank)(a, b)[1]
+    return (p if math.isfinite(p) else None), len(seeds)

@@ -36,6 +36,7 @@ class Style:
 
 
 def _md_escape(text: str) -> str:
+    text = " ".join(text.split()) if any(c in text for c in "\r\n\t\v\f") else text  # one table line
     return html.escape(text, quote=False).replace("|", r"\|").replace("*", r"\*").replace("`", r"\`")
 
 

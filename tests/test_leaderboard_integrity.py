@@ -112,6 +112,9 @@ MALFORMED = {
     "hparams a list": ("config.json", {"algo_hparams": [1]}),
     "round a string": ("rounds.jsonl", '{"round": "1", "pers_acc": 0.5}\n'),
     "config a number": ("config.json", "42"),
+    "seed huge": ("config.json", {"seed": 10**30}),
+    "seed negative": ("config.json", {"seed": -1}),
+    "round huge": ("rounds.jsonl", '{"round": 1000000000000000000000000000000, "pers_acc": 0.5}\n'),
 }
 
 

@@ -77,6 +77,11 @@ def test_spread_std_and_ci95() -> None:
     assert stats.spread([1.0]) is None and stats.spread([1.0], "ci95") is None
 
 
+def test_absurd_values_give_inf_or_no_test_never_an_exception() -> None:
+    assert stats.sample_std([1e308, -1e308]) == math.inf
+    assert stats.paired_p_value({0: 1e308, 1: -1e308}, {0: -1e308, 1: 1e308}, "ttest") == (None, 2)
+
+
 def test_average_ranks_share_ties() -> None:
     assert stats.average_ranks([3, 1, 2, 2]) == [1.0, 4.0, 2.5, 2.5]
     assert stats.average_ranks([3, 1, 2], higher_is_better=False) == [3.0, 1.0, 2.0]
