@@ -14,6 +14,7 @@ from .errors import ConfigError
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.figure import Figure
 
 _MAX_LEGEND_CLASSES = 20
 
@@ -98,15 +99,36 @@ def plot_label_distribution(label_histogram: Sequence[Sequence[int]] | np.ndarra
 
 
 def plot_curves(bands: pd.DataFrame, paths: Sequence[str | Path], x_label: str, y_label: str,
-                title: str = "") -> list[Path]:
+                title: str = "", integer_x: bool = False) -> list[Path]:
+    """``curve_figure`` saved to every path (format by suffix: PNG, or PDF/SVG as vector)."""
+    figure = curve_figure(bands, x_label, y_label, title, integer_x)
+    written = []
+    for path in map(Path, paths):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            figure.savefig(path, format=path.suffix[1:].lower() or "png", dpi=150)
+        except OSError as error:
+            raise ConfigError(f"cannot write {path}: {error.strerror or error}") from None
+        written.append(path)
+    return written
+
+
+def _plain(text: str) -> str:
+    """Text shown as is: a ``$`` would start matplotlib's math mode."""
+    return text.replace("$", r"\$")
+
+
+def curve_figure(bands: pd.DataFrame, x_label: str, y_label: str, title: str = "",
+                 integer_x: bool = False) -> Figure:
     """One panel per (dataset, α): a line per table row (mean over seeds) and a ±std band.
 
-    ``bands`` has the columns row, dataset, alpha, x, mean, std of
-    ``leaderboard.curve_bands``; the same figure is saved to every path (format by suffix).
+    ``bands`` has the columns row, dataset, alpha, x, mean, std of ``leaderboard.curve_bands``.
+    ``integer_x``: ticks only at whole numbers (rounds).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
     import matplotlib
 
     if bands.empty:
@@ -127,23 +149,20 @@ def plot_curves(bands: pd.DataFrame, paths: Sequence[str | Path], x_label: str, 
         for row, curve in panel.groupby("row"):
             curve = curve.sort_values("x")
             x, mean, std = curve["x"].to_numpy(), curve["mean"].to_numpy(), curve["std"].fillna(0).to_numpy()
-            axes.plot(x, mean, color=colours[row], label=row, linewidth=1.6, linestyle=styles[row][0],
+            axes.plot(x, mean, color=colours[row], label=_plain(row), linewidth=1.6, linestyle=styles[row][0],
                       marker=styles[row][1] if len(x) <= 25 else None, markersize=3.5, markerfacecolor="none")
             axes.fill_between(x, mean - std, mean + std, color=colours[row], alpha=0.18, linewidth=0)
-        axes.set_title(f"{dataset}, α={alpha:g}", fontsize=10)
+        axes.set_title(_plain(f"{dataset}, α={alpha:g}"), fontsize=10)
         axes.set_xlabel(x_label)
         axes.set_ylabel(y_label)
         axes.grid(alpha=0.3)
+        if integer_x:
+            axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     for axes in list(axes_grid.flat)[len(panels):]:
         axes.set_visible(False)
     handles = [Line2D([], [], color=colours[row], linewidth=1.6, linestyle=styles[row][0], marker=styles[row][1],
                       markerfacecolor="none") for row in rows]
-    figure.legend(handles, rows, loc="outside lower center", ncols=min(len(rows), 4), frameon=False)
+    figure.legend(handles, [_plain(row) for row in rows], loc="outside lower center", ncols=min(len(rows), 4), frameon=False)
     if title:
         figure.suptitle(title)
-    written = []
-    for path in map(Path, paths):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path, format=path.suffix[1:].lower() or "png", dpi=150)
-        written.append(path)
-    return written
+    return figure

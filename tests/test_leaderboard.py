@@ -76,7 +76,7 @@ def frame(results: Path) -> pd.DataFrame:
 
 def test_load_runs_is_tidy(frame: pd.DataFrame) -> None:
     assert list(frame.columns) == ["run", "algo", "dataset", "alpha", "seed", "round", "metric",
-                                   "value", "config_key"]
+                                   "value", "config_key", "status"]
     assert frame["run"].nunique() == 17
     finals = frame[frame["round"].isna()]
     fedavg = finals[(finals["algo"] == "fedavg") & (finals["alpha"] == 0.1) & (finals["metric"] == "pers_acc")]
@@ -91,67 +91,69 @@ def test_load_runs_is_tidy(frame: pd.DataFrame) -> None:
 
 def test_pivot_mean_std_and_seed_counts(frame: pd.DataFrame) -> None:
     table = pivot(frame)
-    assert list(table.index) == ["fedavg", "fedper", "fedprox"]
-    assert table.loc["fedavg", ("digits", 0.1, "pers_acc", "mean")] == pytest.approx(82.0)
-    assert table.loc["fedavg", ("digits", 0.1, "pers_acc", "std")] == pytest.approx(2.0)
-    assert table.loc["fedprox", ("digits", 0.1, "pers_acc", "mean")] == pytest.approx(85.5)
-    assert table.loc["fedprox", ("digits", 0.1, "pers_acc", "std")] == pytest.approx(0.7071, abs=1e-4)
+    assert list(table.index) == ["FedAvg", "FedPer", "FedProx"]
+    assert table.loc["FedAvg", ("digits", 0.1, "pers_acc", "mean")] == pytest.approx(82.0)
+    assert table.loc["FedAvg", ("digits", 0.1, "pers_acc", "std")] == pytest.approx(2.0)
+    assert table.loc["FedProx", ("digits", 0.1, "pers_acc", "mean")] == pytest.approx(85.5)
+    assert table.loc["FedProx", ("digits", 0.1, "pers_acc", "std")] == pytest.approx(0.7071, abs=1e-4)
     counts = table.xs("n", axis=1, level="stat")
-    assert counts.loc["fedavg"].tolist() == [3, 3] and counts.loc["fedprox"].tolist() == [2, 3]
+    assert counts.loc["FedAvg"].tolist() == [3, 3] and counts.loc["FedProx"].tolist() == [2, 3]
     marks = cells(table)
-    assert marks["fedprox", ("digits", 0.1, "pers_acc")].fewer_seeds
-    assert not marks["fedprox", ("digits", 1.0, "pers_acc")].fewer_seeds
+    assert marks["FedProx", ("digits", 0.1, "pers_acc")].fewer_seeds
+    assert not marks["FedProx", ("digits", 1.0, "pers_acc")].fewer_seeds
 
 
-def test_markdown_marks_best_second_and_fewer_seeds(frame: pd.DataFrame) -> None:
+def test_markdown_marks_best_ranks_and_fewer_seeds(frame: pd.DataFrame) -> None:
+    # every non-best entry here is significantly worse (paired t, p < 0.05): no underline
     text = to_markdown(pivot(frame))
     assert text.splitlines()[:5] == [
-        "| algorithm | digits α=0.1 | digits α=1 |",
-        "| :-- | --: | --: |",
-        "| fedavg | 82.00 ± 2.00 | **70.00 ± 0.00** |",
-        "| fedper | **91.00 ± 1.00** | <ins>66.00 ± 1.00</ins> |",
-        "| fedprox | <ins>85.50 ± 0.71</ins> †n=2 | 61.00 ± 1.00 |",
+        "| Algorithm | digits α=0.1 | digits α=1 | Avg. rank | Rank |",
+        "| :-- | --: | --: | --: | --: |",
+        "| FedAvg | 82.00 ± 2.00 | **70.00 ± 0.00** | 2 | 2 |",
+        "| FedPer | **91.00 ± 1.00** | 66.00 ± 1.00 | 1.5 | 1 |",
+        "| FedProx | 85.50 ± 0.71 †n=2 | 61.00 ± 1.00 | 2.5 | 3 |",
     ]
     assert "n=3 seeds per cell unless marked" in text and "† fewer seeds" in text
 
 
 def test_missing_values_are_dashes_and_not_ranked(frame: pd.DataFrame) -> None:
     lines = to_markdown(pivot(frame, "global_acc")).splitlines()
-    assert lines[2] == "| fedavg | <ins>72.00 ± 2.00</ins> | **60.00 ± 0.00** |"
-    assert lines[3] == "| fedper | — | — |"
-    assert lines[4] == "| fedprox | **75.50 ± 0.71** †n=2 | <ins>51.00 ± 1.00</ins> |"
+    # FedAvg vs FedProx at α=0.1 pairs seeds 0, 1: d = (5, 4), t = 9, df = 1, p = 0.070 ≥ 0.05
+    assert lines[2] == "| FedAvg | <ins>72.00 ± 2.00</ins> | **60.00 ± 0.00** | 1.5 | 1.5 |"
+    assert lines[3] == "| FedPer | — | — | — | — |"
+    assert lines[4] == "| FedProx | **75.50 ± 0.71** †n=2 | 51.00 ± 1.00 | 1.5 | 1.5 |"
 
 
 def test_lower_is_better_for_communication(frame: pd.DataFrame) -> None:
     table = pivot(frame, extras=["comm", "time"])
     marks = cells(table)
-    assert marks["fedper", ("digits", 0.1, "comm")].rank == 1
-    assert marks["fedper", ("digits", 0.1, "comm")].mean == pytest.approx(2.0)  # 0.5 MB × 2 rounds × 2 ways
-    assert marks["fedavg", ("digits", 0.1, "comm")].rank == 2 == marks["fedprox", ("digits", 0.1, "comm")].rank
-    assert marks["fedprox", ("digits", 0.1, "time")].rank == 1  # seeds 0, 1 → 10.5 s < 11 s
-    assert "digits α=0.1 comm (MB)" in to_markdown(table).splitlines()[0]
+    assert marks["FedPer", ("digits", 0.1, "comm")].rank == 1
+    assert marks["FedPer", ("digits", 0.1, "comm")].mean == pytest.approx(2.0)  # 0.5 MB × 2 rounds × 2 ways
+    assert marks["FedAvg", ("digits", 0.1, "comm")].rank == 2.5 == marks["FedProx", ("digits", 0.1, "comm")].rank
+    assert marks["FedProx", ("digits", 0.1, "time")].rank == 1  # seeds 0, 1 → 10.5 s < 11 s
+    assert "digits α=0.1 Communication (MB)" in to_markdown(table).splitlines()[0]
 
 
 def test_latex_booktabs_bold_underline_and_escaping(frame: pd.DataFrame) -> None:
     text = to_latex(pivot(frame, extras=["worst10"]))
-    for piece in (r"\toprule", r"\midrule", r"\bottomrule", r"\begin{tabular}{lcccc}",
+    for piece in (r"\toprule", r"\midrule", r"\bottomrule", r"\begin{tabular}{lcccccc}",
                   r"\multicolumn{4}{c}{digits}", r"\cmidrule(lr){2-3}", r"$\alpha=0.1$",
-                  r"fedper & \textbf{91.00 $\pm$ 1.00}",
-                  r"\underline{85.50 $\pm$ 0.71}\textsuperscript{$\dagger$n=2}", r"pers\_acc (\%)",
-                  r"worst-10\% (\%)"):
+                  r"FedPer & \textbf{91.00 $\pm$ 1.00}",
+                  r"85.50 $\pm$ 0.71\textsuperscript{$\dagger$n=2}", r"Personalized accuracy (\%)",
+                  r"Worst-10\% client accuracy (\%)"):
         assert piece in text, piece
     assert "±" not in text and "α" not in text and "—" not in text
     assert all(line.count("_") == line.count(r"\_") for line in text.splitlines())
-    assert r"fedper & --- & --- \\" in to_latex(pivot(frame, "global_acc"))
+    assert r"FedPer & --- & --- & --- & --- \\" in to_latex(pivot(frame, "global_acc"))
 
 
 def test_html_and_csv(frame: pd.DataFrame) -> None:
     table = pivot(frame)
     page = to_html(table)
     assert '<th colspan="2">digits</th>' in page and "<b>91.00 ± 1.00</b>" in page
-    assert "<u>85.50 ± 0.71</u><sup>†n=2</sup>" in page
+    assert "<td>85.50 ± 0.71<sup>†n=2</sup></td>" in page
     rows = pd.read_csv(StringIO(to_csv(table)))
-    fedprox = rows[(rows["algorithm"] == "fedprox") & (rows["alpha"] == 0.1)].iloc[0]
+    fedprox = rows[(rows["algorithm"] == "FedProx") & (rows["alpha"] == 0.1)].iloc[0]
     assert fedprox["mean"] == pytest.approx(85.5) and fedprox["n"] == 2 and bool(fedprox["fewer_seeds"])
     assert fedprox["rank"] == 2
 
@@ -162,12 +164,12 @@ def test_runs_with_other_settings_are_split_never_averaged(tmp_path: Path) -> No
         write_run(tmp_path, "fedavg", 0.1, seed, final, 0.4, lr=0.05)
     write_run(tmp_path, "fedper", 0.1, 0, 0.3, None, dataset="synthetic", rounds=3)
     table = pivot(load_runs(tmp_path))
-    assert list(table.index) == ["fedavg (lr=0.01)", "fedavg (lr=0.05)", "fedper", "fedprox"]
-    assert table.loc["fedavg (lr=0.05)", ("digits", 0.1, "pers_acc", "mean")] == pytest.approx(52.0)
-    assert table.loc["fedavg (lr=0.01)", ("digits", 0.1, "pers_acc", "mean")] == pytest.approx(82.0)
-    assert pd.isna(table.loc["fedavg (lr=0.05)", ("digits", 1.0, "pers_acc", "mean")])
+    assert list(table.index) == ["FedAvg (lr=0.01)", "FedAvg (lr=0.05)", "FedPer", "FedProx"]
+    assert table.loc["FedAvg (lr=0.05)", ("digits", 0.1, "pers_acc", "mean")] == pytest.approx(52.0)
+    assert table.loc["FedAvg (lr=0.01)", ("digits", 0.1, "pers_acc", "mean")] == pytest.approx(82.0)
+    assert pd.isna(table.loc["FedAvg (lr=0.05)", ("digits", 1.0, "pers_acc", "mean")])
     # rounds differs only across cells (synthetic vs digits): one fedper row, and a note says so
-    assert table.loc["fedper", ("synthetic", 0.1, "pers_acc", "mean")] == pytest.approx(30.0)
+    assert table.loc["FedPer", ("synthetic", 0.1, "pers_acc", "mean")] == pytest.approx(30.0)
     assert "Runs differ in rounds: 2, 3." in to_markdown(table)
 
 
@@ -200,13 +202,13 @@ def test_broken_run_folders_are_skipped_with_warnings(tmp_path: Path) -> None:
     assert any("rounds.jsonl is unreadable" in m for m in messages)
     assert any("failed run (RuntimeError: boom)" in m for m in messages)
     assert sum("unfinished run" in m for m in messages) == 2
-    assert table.loc["fedavg", ("digits", 0.1, "pers_acc", "n")] == 1
-    assert "fedrep" not in table.index
+    assert table.loc["FedAvg", ("digits", 0.1, "pers_acc", "n")] == 1
+    assert "FedRep" not in table.index
 
 
 def test_curve_bands_mean_over_seeds(frame: pd.DataFrame) -> None:
     bands = curve_bands(frame, "pers_acc", x="comm")
-    first = bands[(bands["row"] == "fedavg") & (bands["alpha"] == 0.1) & (bands["round"] == 1)].iloc[0]
+    first = bands[(bands["row"] == "FedAvg") & (bands["alpha"] == 0.1) & (bands["round"] == 1)].iloc[0]
     assert first["mean"] == pytest.approx(72.0) and first["std"] == pytest.approx(2.0)
     assert first["x"] == pytest.approx(2.0) and first["n"] == 3
 
@@ -228,7 +230,7 @@ def test_cli_writes_every_format_and_plots(results: Path, frame: pd.DataFrame, t
         assert (tmp_path / "plots" / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
         assert (tmp_path / "plots" / f"{name}.pdf").read_bytes()[:4] == b"%PDF"
     code, output = invoke("leaderboard", str(results), "--metric", "global_acc")
-    assert code == 0 and "| fedper | — | — |" in output
+    assert code == 0 and "| FedPer | — | — | — | — |" in output
 
 
 @pytest.mark.parametrize("args, message", [
@@ -250,7 +252,7 @@ def test_cli_without_finished_runs_is_an_error(tmp_path: Path) -> None:
 @pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed")
 def test_latex_compiles_in_a_booktabs_document(frame: pd.DataFrame, tmp_path: Path) -> None:
     body = to_latex(pivot(frame, extras=["comm", "time", "worst10"]))
-    document = "\\documentclass{article}\n\\usepackage{booktabs}\n\\begin{document}\n" + body + "\\end{document}\n"
+    document = "\\documentclass{article}\n\\usepackage{booktabs,graphicx}\n\\begin{document}\n" + body + "\\end{document}\n"
     (tmp_path / "table.tex").write_text(document)
     result = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "table.tex"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
