@@ -93,6 +93,10 @@ def flat_config(config: dict[str, Any]) -> dict[str, Any]:
 def setting_of(config: dict[str, Any]) -> dict[str, Any]:
     """The run's settings minus the grid axes and what does not determine the numbers (output
     location, command, versions, ...): ``{"run": {...}, "algo_hparams": {...}}``."""
+    if isinstance(config.get("identity"), dict):  # exactly the settings the run read (config.run_identity)
+        identity = config["identity"]
+        run = {k: v for k, v in identity.items() if k not in (*GRID_AXES, "algo_hparams")}
+        return {"run": run, "algo_hparams": dict(identity.get("algo_hparams") or {})}
     flat = flat_config(config)
     run = {k: v for k, v in flat.items()
            if k not in (*GRID_AXES, "algo_hparams") and k not in RUN_IDENTITY_EXCLUDED}
@@ -102,6 +106,8 @@ def setting_of(config: dict[str, Any]) -> dict[str, Any]:
 def run_identity(config: dict[str, Any]) -> str:
     """A hash of everything in ``config.json`` that determines the run's numbers (settings and
     seed): two folders with the same identity hold the same run."""
+    if isinstance(config.get("identity"), dict):  # written by the runner: the settings it read
+        return hashlib.sha256(json.dumps(config["identity"], sort_keys=True, default=str).encode()).hexdigest()[:16]
     kept = {k: v for k, v in config.items() if k not in RUN_IDENTITY_EXCLUDED}
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
