@@ -13,9 +13,11 @@ Each tracker receives the same per-round records as ``rounds.jsonl`` and the fin
 
 Stores are local. TensorBoard writes event files to ``RUN_DIR/tensorboard/`` (``tensorboard
 --logdir OUT/runs`` shows every run; the parameters are in the HPARAMS tab and as a text
-``config``). MLflow logs to ``--mlflow-uri`` when given, else to the file store
-``OUT/mlruns`` beside ``OUT/runs`` (``mlflow ui --backend-store-uri OUT/mlruns``), experiment
-``pflbench``, one MLflow run per pflbench run, named after the run folder.
+``config``). MLflow logs to ``--mlflow-uri`` when given, else to the SQLite store
+``OUT/mlflow.db`` beside ``OUT/runs`` (``mlflow ui --backend-store-uri sqlite:///OUT/mlflow.db``;
+MLflow 3 refuses new ``file:`` stores unless ``MLFLOW_ALLOW_FILE_STORE=true``), experiment
+``pflbench`` (artifacts, if any, in ``OUT/mlartifacts``), one MLflow run per pflbench run,
+named after the run folder.
 
 The libraries are imported only when a tracker is made; a missing one is a ``ConfigError`` that
 says which extra to install.
@@ -138,13 +140,18 @@ class MLflowTracker:
 
     name = "mlflow"
 
-    def __init__(self, tracking_uri: str, run_name: str, experiment: str = EXPERIMENT) -> None:
+    def __init__(self, tracking_uri: str, run_name: str, experiment: str = EXPERIMENT,
+                 artifact_location: str | None = None) -> None:
         from mlflow.tracking import MlflowClient
         self.tracking_uri = tracking_uri
-        self.client = MlflowClient(tracking_uri=tracking_uri)
-        found = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = (found.experiment_id if found is not None
-                              else self.client.create_experiment(experiment))
+        try:
+            self.client = MlflowClient(tracking_uri=tracking_uri)
+            found = self.client.get_experiment_by_name(experiment)
+            self.experiment_id = (found.experiment_id if found is not None else
+                                  self.client.create_experiment(experiment, artifact_location))
+        except Exception as error:  # MlflowException, sqlalchemy errors: a bad store is bad input
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ConfigError(f"--mlflow-uri {tracking_uri!r}: {first}") from error
         self.run_name = run_name
         self.run_id: str | None = None
         self.closed = False
@@ -189,8 +196,8 @@ class MLflowTracker:
 # --------------------------------------------------------------------------- factory
 
 def default_mlflow_uri(run_dir: Path) -> str:
-    """``file:`` store ``OUT/mlruns`` for a run folder ``OUT/runs/<name>``."""
-    return (Path(run_dir).resolve().parent.parent / "mlruns").as_uri()
+    """SQLite store ``OUT/mlflow.db`` for a run folder ``OUT/runs/<name>``."""
+    return f"sqlite:///{Path(run_dir).resolve().parent.parent / 'mlflow.db'}"
 
 
 def _tensorboard(run: Any, options: dict[str, Any]) -> TensorBoardTracker:
@@ -198,8 +205,13 @@ def _tensorboard(run: Any, options: dict[str, Any]) -> TensorBoardTracker:
 
 
 def _mlflow(run: Any, options: dict[str, Any]) -> MLflowTracker:
-    uri = options.get("mlflow_uri") or default_mlflow_uri(run.run_dir)
-    return MLflowTracker(uri, Path(run.run_dir).name, options.get("mlflow_experiment") or EXPERIMENT)
+    uri = options.get("mlflow_uri")
+    artifacts = None
+    if not uri:
+        uri = default_mlflow_uri(run.run_dir)
+        artifacts = (Path(run.run_dir).resolve().parent.parent / "mlartifacts").as_uri()
+    return MLflowTracker(uri, Path(run.run_dir).name, options.get("mlflow_experiment") or EXPERIMENT,
+                         artifacts)
 
 
 TRACKERS: dict[str, tuple[Callable[[Any, dict[str, Any]], Any], str]] = {

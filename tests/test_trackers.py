@@ -106,8 +106,7 @@ def test_mlflow_tracker_reads_back(tmp_path):
 
     run = _run(tmp_path)
     (tracker,) = make_trackers(["mlflow"], run)
-    assert tracker.tracking_uri.startswith("file:")
-    assert Path(tracker.tracking_uri[len("file://"):]) == (tmp_path / "results" / "mlruns").resolve()
+    assert tracker.tracking_uri == f"sqlite:///{(tmp_path / 'results' / 'mlflow.db').resolve()}"
     _drive(tracker, run)
 
     client = MlflowClient(tracking_uri=tracker.tracking_uri)
@@ -126,11 +125,19 @@ def test_mlflow_tracker_reads_back(tmp_path):
     assert found.data.metrics["summary/bytes_up_total"] == 4000.0
     assert not {"round", "client_ids", "flag", "diverged", "summary/peak_mem_mb"} & set(found.data.metrics)
 
-    # A second run lands in the same experiment; a custom URI is honoured.
-    other = tmp_path / "elsewhere"
-    (tracker2,) = make_trackers(["mlflow"], run, mlflow_uri=other.as_uri())
+    assert (tmp_path / "results" / "mlflow.db").is_file()
+
+    # A run that stops early is marked FAILED, in the same experiment of the same store.
+    (tracker2,) = make_trackers(["mlflow"], run)
     tracker2.on_run_start(run)
+    tracker2.on_round_end(RECORDS[0])
     tracker2.close(failed=True)
-    (failed,) = MlflowClient(tracking_uri=other.as_uri()).search_runs(
-        [MlflowClient(tracking_uri=other.as_uri()).get_experiment_by_name("pflbench").experiment_id])
-    assert failed.info.status == "FAILED"
+    tracker2.close()
+    statuses = sorted(r.info.status for r in client.search_runs([experiment.experiment_id]))
+    assert statuses == ["FAILED", "FINISHED"]
+
+
+def test_mlflow_bad_uri_is_a_config_error(tmp_path):
+    pytest.importorskip("mlflow")
+    with pytest.raises(ConfigError, match="--mlflow-uri"):
+        make_trackers(["mlflow"], _run(tmp_path), mlflow_uri="nosuchscheme://x")
