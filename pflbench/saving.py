@@ -228,7 +228,7 @@ def export_peft_adapter(model: nn.Module, folder: str | Path, lora_layers: Mappi
     own ``active_rank``/``alpha`` win; a given ``alpha`` that disagrees with a layer's raises
     ``ValueError``, since the export would not reproduce the model). ``target_modules``: the
     run's ``--lora-targets``; written as given when peft's matching of them picks exactly the
-    exported layers, else the exact module names are written. ``modules_to_save``: modules
+    exported layers, else the full module names (or, if even those match more, a regex). ``modules_to_save``: modules
     whose full weights go into the adapter (peft's ``modules_to_save``); ``"auto"``: the head
     (``pflbench.models.head_module_names``) when any of its parameters is trainable.
     Returns ``folder``.
@@ -256,9 +256,11 @@ def export_peft_adapter(model: nn.Module, folder: str | Path, lora_layers: Mappi
 
     inner = tuple(f"{name}." for name in layer_names)  # modules inside a LoRA layer (base, ...)
     module_names = [n for n, _ in model.named_modules() if n and not n.startswith(inner)]
-    targets: list[str] | str = sorted(set(target_modules or ()))
-    if not targets or {n for n in module_names if _peft_matches(n, targets)} != set(layer_names):
-        targets = "^(?:" + "|".join(re.escape(n) for n in layer_names) + ")$"
+    targets: list[str] | str = "^(?:" + "|".join(re.escape(n) for n in layer_names) + ")$"
+    for candidate in (sorted(set(target_modules or ())), sorted(layer_names)):
+        if candidate and {n for n in module_names if _peft_matches(n, candidate)} == set(layer_names):
+            targets = candidate  # the readable form, when peft's suffix matching is exact
+            break
 
     if modules_to_save == "auto":
         from .models import head_module_names

@@ -165,7 +165,32 @@ def test_peft_adapter_exact_names_when_targets_overmatch(tmp_path):
         expected = model(x)
     export_peft_adapter(model, tmp_path, lora_layers(model), 4, 8.0, target_modules=["fc1", "fc2"])
     config = json.loads((tmp_path / "adapter_config.json").read_text())
-    assert config["target_modules"] == "^(?:fc1)$"
+    assert config["target_modules"] == ["fc1"]
+    torch.testing.assert_close(_peft_outputs(base, tmp_path, x), expected, atol=1e-5, rtol=0)
+
+
+def test_peft_adapter_timm_vit(tmp_path):
+    """A timm ViT (random weights) with LoRA on qkv/proj/fc2: ``proj`` would also match peft's
+    ``patch_embed.proj`` (a Conv2d), so the full names are written; outputs agree."""
+    pytest.importorskip("peft")
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(3)
+    base = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=8, patch_size=2,
+                             depth=2, embed_dim=32, num_heads=2, num_classes=10).eval()
+    model = copy.deepcopy(base)
+    apply_lora(model, 4, 16.0, ["qkv", "proj", "fc2"])
+    with torch.no_grad():
+        for layer in lora_layers(model).values():
+            layer.lora_B.normal_(0, 0.3)
+        model.head.weight.normal_()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        expected = model(x)
+        assert not torch.allclose(expected, base(x), atol=1e-3)
+    export_peft_adapter(model, tmp_path, lora_layers(model), 4, 16.0, ["qkv", "proj", "fc2"],
+                        base_model_name="vit_tiny_patch16_224")
+    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    assert "blocks.1.attn.proj" in config["target_modules"] and len(config["target_modules"]) == 6
     torch.testing.assert_close(_peft_outputs(base, tmp_path, x), expected, atol=1e-5, rtol=0)
 
 
