@@ -19,7 +19,9 @@ peft adapters (``export_peft_adapter``)::
                                       base_model.model.<module>.lora_B.weight [out, r],
                                       base_model.model.<head>.<param> (modules_to_save)
 
-``PeftModel.from_pretrained(base_model, FOLDER)`` then computes what the pflbench model computes:
+``base_model_state(model, layers)`` gives the base model's weights (the frozen backbone under its
+original names, the head as trained) to save once beside the adapters, for backbones that are
+not on the hub (public pretraining). ``PeftModel.from_pretrained(base_model, FOLDER)`` computes what the pflbench model computes:
 peft's LoRA output is ``base(x) + (lora_alpha / r)·x Aᵀ Bᵀ``, so each layer is written with
 r = its active rank (the first ``active_rank`` components of the factors) and lora_alpha = its α,
 giving the same scaling α/active_rank. Layers whose ranks or α differ from the most common ones
@@ -213,6 +215,22 @@ def _peft_matches(name: str, targets: Sequence[str]) -> bool:
 
 def _number(value: float) -> int | float:
     return int(value) if float(value).is_integer() else float(value)
+
+
+def base_model_state(model: nn.Module, lora_layers: Mapping[str, nn.Module]) -> Tensors:
+    """The state dict of the model without its adapters: ``<layer>.base.weight`` becomes
+    ``<layer>.weight`` and the factors are dropped, so it loads into the model as built before
+    ``apply_lora`` (the base model peft wraps). Modules a LoRA algorithm adds outside the layers
+    (FedSDG's gates) stay in; load such a state with ``strict=False``."""
+    prefixes = [f"{name}." for name in lora_layers]
+    out: Tensors = {}
+    for key, tensor in model.state_dict().items():
+        owner = next((prefix for prefix in prefixes if key.startswith(prefix)), None)
+        if owner is None:
+            out[key] = tensor
+        elif key.startswith(owner + "base."):
+            out[owner + key[len(owner + "base."):]] = tensor
+    return out
 
 
 def export_peft_adapter(model: nn.Module, folder: str | Path, lora_layers: Mapping[str, nn.Module],

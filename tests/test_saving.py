@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from pflbench.lora import LoRALinear, apply_lora, lora_layers
-from pflbench.saving import export_peft_adapter, load_run_models, save_run_models
+from pflbench.saving import (base_model_state, export_peft_adapter, load_run_models,
+                             save_run_models)
 
 
 def _states():
@@ -235,3 +236,20 @@ def test_peft_adapter_rejects_disagreeing_alpha(tmp_path):
         export_peft_adapter(model, tmp_path, lora_layers(model), rank=4, alpha=16.0)
     with pytest.raises(ValueError, match="no LoRA layers"):
         export_peft_adapter(model, tmp_path, {}, rank=4, alpha=8.0)
+
+
+def test_base_model_state_rebuilds_the_base(tmp_path):
+    """The base weights saved from the LoRA model + the adapter reproduce it from a fresh model."""
+    pytest.importorskip("peft")
+    base, model = _lora_model()
+    x = torch.randn(4, 6)
+    with torch.no_grad():
+        expected = model(x)
+    state = base_model_state(model, lora_layers(model))
+    assert not any("lora_" in k or ".base." in k for k in state)
+    save_run_models(tmp_path, state, {}, {})
+    fresh = MLP()  # other random weights
+    fresh.load_state_dict(load_run_models(tmp_path)[0])  # strict: exactly the base's names
+    assert torch.equal(fresh.fc1.weight, base.fc1.weight)
+    export_peft_adapter(model, tmp_path / "adapter", lora_layers(model), 4, 8.0, ["fc1", "block.0", "fc2"])
+    torch.testing.assert_close(_peft_outputs(fresh, tmp_path / "adapter", x), expected, atol=1e-5, rtol=0)
