@@ -244,4 +244,12 @@ def make_trackers(names: Iterable[str], run: Any, mlflow_uri: str | None = None,
             raise ConfigError(f"--log {name} needs the {module} package: "
                               f'pip install "pflbench[{name}]"')
     options = {"mlflow_uri": mlflow_uri, "mlflow_experiment": mlflow_experiment}
-    return [TRACKERS[name][0](run, options) for name in wanted]
+    trackers: list[Any] = []
+    try:
+        for name in wanted:
+            trackers.append(TRACKERS[name][0](run, options))
+    except BaseException:
+        for tracker in trackers:  # the ones already made (open files)
+            tracker.close(failed=True)
+        raise
+    return trackers
