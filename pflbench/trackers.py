@@ -91,6 +91,8 @@ class TensorBoardTracker:
     def __init__(self, log_dir: str | Path) -> None:
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
         self.log_dir = Path(log_dir)
+        for stale in self.log_dir.glob("events.out.tfevents.*"):  # a rerun replaces the run's
+            stale.unlink()                                        # results, as RunWriter does
         self.writer = SummaryWriter(log_dir=str(self.log_dir))
         self.params: dict[str, Any] = {}
         self.closed = False

@@ -99,6 +99,14 @@ def test_tensorboard_tracker_reads_back(tmp_path):
     assert hparams["dataset_option"].string_value == '["num_samples=100"]'
     assert hparams["max_grad_norm"].string_value == "None"
 
+    # Running the same run folder again replaces its event file (no mixed curves).
+    (again,) = make_trackers(["tensorboard"], run)
+    _drive(again, run)
+    assert len(list(log_dir.glob("events.out.tfevents.*"))) == 1
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train_loss")] == [1, 2, 3]
+
 
 def test_mlflow_tracker_reads_back(tmp_path):
     pytest.importorskip("mlflow")
