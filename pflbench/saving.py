@@ -68,7 +68,7 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def _atomic_write_json(path: Path, data: Any) -> None:
-    _atomic_write_bytes(path, (json.dumps(data, indent=2) + "\n").encode())
+    _atomic_write_bytes(path, (json.dumps(data, indent=2, default=str) + "\n").encode())
 
 
 def _plain(tensors: Mapping[str, torch.Tensor], what: str) -> Tensors:
