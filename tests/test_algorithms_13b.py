@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pflbench.algorithms.fedala import ala_combine, ala_weight_step, converged
+from pflbench.algorithms.fedala import (FedALA, FedALAHyperparameters, ala_combine, ala_weight_step,
+                                        converged, sample_batches)
 from pflbench.algorithms.fedbn import FedBN, batchnorm_state_names
 from pflbench.algorithms.feddyn import (FedDyn, FedDynHyperparameters, dynamic_term, linear_state_update,
                                         linear_term)
@@ -120,6 +121,35 @@ def test_fedala_convergence_test() -> None:
     assert not converged([1.0, 1.0], window=3, threshold=0.1)
     assert converged([5.0, 1.0, 1.05, 0.95], window=3, threshold=0.1)
     assert not converged([1.0, 1.3, 0.7], window=3, threshold=0.1)  # std ≈ 0.245
+
+
+def test_fedala_sample_batches_never_hold_one_sample() -> None:
+    sizes = [len(b) for b in sample_batches(torch.arange(9), 4)]
+    assert sizes == [4, 5] and [len(b) for b in sample_batches(torch.arange(1), 4)] == [2]
+
+
+def test_fedala_client_learns_weights_on_its_second_round_and_evaluates_the_aggregate() -> None:
+    data, model = tiny_data(), tiny_model()
+    config = RunConfig(algo="fedala", num_clients=1, batch_size=4, **RESOLVED)
+    algorithm = FedALA(config, FedALAHyperparameters(), model, data.num_train)
+    assert algorithm.layout.groups["ala"] == ("fc3.weight", "fc3.bias")  # --layer-idx 1
+    executor = SequentialExecutor(model, data)
+    first_global = {n: t.clone() for n, t in algorithm.broadcast(0).items()}
+    (first,) = executor.train(algorithm.program, [ClientJob(0, 1, 1, first_global, algorithm.store.get(0))])
+    assert not any(k.startswith("fedala.weight.") for k in first.private)  # no local model yet
+    algorithm.store.put(0, first.private)
+    algorithm.aggregate([first])
+    received = {n: t.clone() for n, t in algorithm.broadcast(0).items()}
+    with torch.no_grad():  # make θ_g differ from θ_l so that W matters
+        received["fc3.weight"] += 0.5
+    (second,) = executor.train(algorithm.program, [ClientJob(0, 2, 2, received, algorithm.store.get(0))])
+    weight = second.private["fedala.weight.fc3.weight"]
+    assert weight.min() >= 0 and weight.max() <= 1 and (weight < 1).any()
+    algorithm.store.put(0, second.private)
+    personal = algorithm.personal_model(0)
+    local = second.private["fedala.local.fc3.weight"]
+    assert torch.allclose(personal["fc3.weight"], ala_combine(local, algorithm.global_state["fc3.weight"], weight))
+    assert torch.equal(personal["fc1.weight"], algorithm.global_state["fc1.weight"])  # lower layers: θ_g
 
 
 # ---- SCAFFOLD ------------------------------------------------------------------------------

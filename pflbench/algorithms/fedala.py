@@ -72,6 +72,18 @@ def converged(losses: list[float], window: int, threshold: float) -> bool:
     return math.sqrt(sum((x - mean) ** 2 for x in recent) / window) < threshold
 
 
+def sample_batches(sample: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
+    """``sample`` in order, in batches of ``batch_size``; as in the engine's epochs, no batch
+    holds a single sample (BatchNorm cannot take its statistics): a trailing one joins the
+    previous batch and a one-sample ``sample`` is doubled."""
+    if batch_size > 1 and len(sample) == 1:
+        sample = sample.repeat(2)
+    starts = list(range(0, len(sample), batch_size))
+    if batch_size > 1 and len(starts) > 1 and len(sample) - starts[-1] == 1:
+        starts.pop()
+    return [sample[a:b] for a, b in zip(starts, starts[1:] + [len(sample)])]
+
+
 @dataclass(frozen=True)
 class FedALAHyperparameters:
     eta: float = option(1.0, "Learning rate η of the ALA weights W (the paper's 1.0).")
@@ -123,21 +135,20 @@ class FedALAProgram(ClientProgram[FedALAHyperparameters]):
         generator = torch.Generator().manual_seed(derive_seed(job.seed, "fedala.sample"))
         count = max(1, int(len(indices) * hparams.rand_percent / 100))
         sample = indices[torch.randperm(len(indices), generator=generator)[:count].to(indices.device)]
-        batch = self.local.batch_size
         losses: list[float] = []
         epochs = hparams.ala_max_epochs if start_phase else 1
         for _ in range(epochs):
-            total, batches = 0.0, 0
-            for start in range(0, len(sample), batch):
-                inputs, targets = trainer.data.gather(sample[start:start + batch])
+            total, batches = torch.zeros(()), 0
+            for chunk in sample_batches(sample, self.local.batch_size):
+                inputs, targets = trainer.data.gather(chunk)
                 top = {n: ala_combine(local[n], received[n], weights[n]).requires_grad_() for n in names}
                 loss = F.cross_entropy(trainer.forward({**base, **top}, inputs), targets)
                 gradients = torch.autograd.grad(loss, [top[n] for n in names])
                 with torch.no_grad():
                     for n, gradient in zip(names, gradients):
                         weights[n] = ala_weight_step(weights[n], gradient, local[n], received[n], hparams.eta)
-                total, batches = total + float(loss), batches + 1
-            losses.append(total / max(batches, 1))
+                total, batches = total + loss.detach().cpu(), batches + 1
+            losses.append(float(total) / max(batches, 1))
             if start_phase and converged(losses, hparams.num_pre_loss, hparams.threshold):
                 break
         return weights, len(losses)
