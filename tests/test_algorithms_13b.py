@@ -29,7 +29,7 @@ from pflbench.errors import ConfigError
 from pflbench.models import MLP, BatchNormCNN
 from pflbench.runner import execute, prepare
 
-RESOLVED = dict(lr=0.1, optimizer="sgd", max_grad_norm=0.0, public_frac=0.0, model="mlp")
+RESOLVED = {"lr": 0.1, "optimizer": "sgd", "max_grad_norm": 0.0, "public_frac": 0.0, "model": "mlp"}
 
 
 def tiny_data(samples: int = 12, features: int = 4, classes: int = 3) -> FederatedData:

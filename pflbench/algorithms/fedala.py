@@ -41,8 +41,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pflbench import (Algorithm, ClientProgram, ConfigError, LocalResult, RunConfig, Tensors,
-                      option, register_algorithm)
+from pflbench import (Algorithm, ClientProgram, ConfigError, LocalResult, Tensors, option,
+                      register_algorithm)
 from pflbench.engine import standard_local_update
 from pflbench.models import layer_order
 from pflbench.seeding import derive_seed

@@ -74,7 +74,7 @@ class FedDynHyperparameters:
 
 
 class FedDynProgram(ClientProgram[FedDynHyperparameters]):
-    linear_coefficients: Tensors = {}  # this job's ∇L_k(θ_k^{t−1}) (set on a per-job copy)
+    linear_coefficients: Tensors | None = None  # this job's ∇L_k(θ_k^{t−1}) (set on a per-job copy)
 
     def assemble(self, received: Tensors, private: Tensors) -> Tensors:
         return {n: t for n, t in {**received, **private}.items() if not n.startswith(LINEAR)}
