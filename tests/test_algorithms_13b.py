@@ -17,7 +17,7 @@ from pflbench.algorithms.feddyn import (FedDyn, FedDynHyperparameters, dynamic_t
                                         linear_term)
 from pflbench.algorithms.feddyn import server_update as feddyn_server_update
 from pflbench.algorithms.fedrod import FedRoD, TwoHeads, balanced_softmax_loss
-from pflbench.algorithms.moon import contrastive_loss
+from pflbench.algorithms.moon import Moon, MoonHyperparameters, contrastive_loss
 from pflbench.algorithms.scaffold import (CLIENT_CONTROL, CONTROL_DELTA, Scaffold,
                                           ScaffoldHyperparameters, client_control_update,
                                           corrected_gradient)
@@ -213,6 +213,25 @@ def test_moon_contrastive_loss_hand_computed() -> None:
     assert loss.item() == pytest.approx((first + second) / 2, rel=1e-6)
     # identical global and previous representations: log 2, whatever z is
     assert contrastive_loss(z, z_global, z_global, tau).item() == pytest.approx(math.log(2))
+
+
+def test_moon_client_contrasts_with_its_previous_model_from_its_second_round() -> None:
+    data, model = tiny_data(), tiny_model()
+    config = RunConfig(algo="moon", num_clients=1, batch_size=4, **RESOLVED)
+    algorithm = Moon(config, MoonHyperparameters(), model, data.num_train)
+    assert algorithm.program.head_module == "fc3"  # z = the classifier's input (fc2's output)
+    executor = SequentialExecutor(model, data)
+    received = {n: t.clone() for n, t in algorithm.broadcast(0).items()}
+    (first,) = executor.train(algorithm.program, [ClientJob(0, 1, 1, received, algorithm.store.get(0))])
+    # no previous model yet: z_prev = z_glob, so every batch's ℓ_con is exactly log 2
+    assert first.loss_terms["contrastive"] == pytest.approx(math.log(2), abs=1e-6)
+    assert first.loss == pytest.approx(first.loss_terms["task"] + math.log(2), abs=1e-5)  # μ = 1
+    for n in algorithm.layout.shared:
+        assert torch.equal(first.private["moon.prev." + n], first.params[n])  # the trained model
+    algorithm.store.put(0, first.private)
+    received = {n: t.clone() for n, t in algorithm.broadcast(0).items()}  # ≠ the previous model
+    (second,) = executor.train(algorithm.program, [ClientJob(0, 2, 2, received, algorithm.store.get(0))])
+    assert abs(second.loss_terms["contrastive"] - math.log(2)) > 1e-4
 
 
 # ---- FedDyn --------------------------------------------------------------------------------
