@@ -11,13 +11,18 @@ from pflbench.registry import ALGORITHMS
 from pflbench.runner import run_experiment
 
 
+# Settings an algorithm needs beyond the shared ones: FedBN keeps BatchNorm layers local (the mlp
+# has none, which it refuses); SCAFFOLD's correction is defined for plain SGD only.
+OVERRIDES = {"fedbn": {"model": "cnn_bn"}, "scaffold": {"optimizer": "sgd", "lr": 0.1}}
+
+
 @pytest.mark.parametrize("algo", ALGORITHMS.names())
 def test_every_algorithm_runs_two_rounds(algo: str, tmp_path) -> None:
     # LoRA algorithms (FlexLoRA, FedSDG) adapt the mlp's hidden layers on its random frozen body;
     # the two LoRA settings change nothing for the others. Adam: FedSDG always uses it.
-    config = RunConfig(algo=algo, dataset="digits", model="mlp", num_clients=3, rounds=2,
-                       alpha=0.5, optimizer="adam", lr=0.01, out=str(tmp_path),
-                       lora_targets="fc1,fc2", backbone="random")
+    settings = {"model": "mlp", "optimizer": "adam", "lr": 0.01, **OVERRIDES.get(algo, {})}
+    config = RunConfig(algo=algo, dataset="digits", num_clients=3, rounds=2, alpha=0.5,
+                       out=str(tmp_path), lora_targets="fc1,fc2", backbone="random", **settings)
     summary = run_experiment(config)
     run_dir = tmp_path / "runs"
     (folder,) = list(run_dir.iterdir())
