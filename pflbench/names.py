@@ -9,8 +9,6 @@ import pandas as pd
 
 from .errors import ConfigError
 
-BUILTIN_DISPLAY_NAMES = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedper": "FedPer", "fedrep": "FedRep",
-                         "local": "Local", "flexlora": "FlexLoRA", "fedsdg": "FedSDG"}
 METRIC_NAMES = {"pers_acc": "Personalized accuracy", "pers_acc_last10": "Personalized accuracy, last 10%",
                 "global_acc": "Global accuracy", "pers_acc_worst10": "Worst-10% client accuracy",
                 "pers_acc_std": "Std of client accuracy", "worst10": "Worst-10% client accuracy",
@@ -49,7 +47,7 @@ def quantity(name: str) -> Quantity:
 
 
 def display_name(algo: str, renames: Mapping[str, str] | None = None) -> str:
-    """``--rename`` first, then the algorithm class's ``display_name``, the built-in map, the name."""
+    """``--rename`` first, then the algorithm class's ``display_name``, then the registered name."""
     if renames and algo in renames:
         return renames[algo]
     try:
@@ -60,7 +58,7 @@ def display_name(algo: str, renames: Mapping[str, str] | None = None) -> str:
         declared = None
     if isinstance(declared, str) and declared.strip():
         return declared
-    return BUILTIN_DISPLAY_NAMES.get(algo, algo)
+    return algo
 
 
 def parse_renames(pairs: Iterable[str]) -> dict[str, str]:

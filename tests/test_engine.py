@@ -100,8 +100,9 @@ def test_bytes_are_counted_from_the_tensors_sent() -> None:
 def test_same_seed_gives_same_client_sequence_for_every_algorithm() -> None:
     sequences = {}
     for algo in ALGORITHMS.names():
-        config = RunConfig(algo=algo, model="mlp", num_clients=10, frac=0.3, rounds=1, out="unused",
-                           lora_targets="fc1,fc2", backbone="random")  # LoRA algorithms: the mlp's body
+        config = RunConfig(algo=algo, model="cnn_bn" if algo == "fedbn" else "mlp", num_clients=10, frac=0.3,
+                           rounds=1, out="unused", lora_targets="fc1,fc2", backbone="random",
+                           optimizer="sgd" if algo == "scaffold" else None)  # LoRA algorithms: the mlp's body
         server = Harness(prepare(config))
         sequences[algo] = [server.sample_clients() for _ in range(5)]
     first = next(iter(sequences.values()))
@@ -143,3 +144,33 @@ def test_client_program_is_picklable_and_has_no_server_reference() -> None:
 def test_config_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         RunConfig().rounds = 3  # type: ignore[misc]
+
+
+def test_inert_settings_do_not_change_the_run_identity() -> None:
+    """Defect: every field was hashed, so inert options split run folders and leaderboard rows."""
+    from pflbench.algorithms.fedavg import FedAvg
+    from pflbench.algorithms.fedper import FedPer
+    from pflbench.config import resolve, run_name
+
+    def name(algorithm=FedAvg, **settings):
+        config, _ = resolve(RunConfig(**settings), algorithm, algorithm.hyperparameters())
+        return run_name(config, algorithm, algorithm.hyperparameters())
+
+    plain = name()
+    assert name(shards_per_client=5) == name(lora_alpha=32.0) == name(head_layers=2) == plain
+    assert name(optimizer="adam", momentum=0.9) == name(optimizer="adam")  # momentum is SGD's
+    assert name(out="elsewhere") == plain
+    assert name(lr=0.02) != plain and name(seed=1) != plain and name(alpha=0.1) != plain
+    assert name(partition="shards", shards_per_client=5) != name(partition="shards")
+    assert name(FedPer, head_layers=2) != name(FedPer)  # FedPer reads --head-layers
+    assert name(lr=0.01) == plain  # the resolved default and the same value given explicitly
+
+
+def test_head_layers_are_honoured_under_lora() -> None:
+    """Defect: LoRA froze all but a 1-layer head, so FedPer's extra head layers dropped out."""
+    config = RunConfig(algo="fedper", dataset="digits", model="mlp", num_clients=3, rounds=1,
+                       lora_rank=2, lora_targets="fc1", head_layers=2, backbone="random", out="unused")
+    server = Harness(prepare(config))
+    assert set(server.private_names) == {"fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"}
+    assert {"fc1.lora_A", "fc1.lora_B"} <= set(server.shared_names)
+    assert all(server.parameters[n].requires_grad for n in server.private_names)

@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+
+from pflbench import ClientProgram
 import torch
 
 from pflbench.algorithms.fedsdg import (GatedLoRALinear, fedsdg_server_aggregate, gate_penalty,
@@ -190,9 +192,12 @@ def test_global_model_forces_gates_to_zero(server) -> None:
 
 @pytest.mark.parametrize("algo", [a for a in ALGORITHMS.names() if a != "fedsdg"])
 def test_penalties_absent_for_every_other_algorithm(algo: str) -> None:
-    config = RunConfig(algo=algo, dataset="digits", model="mlp", num_clients=3, rounds=1,
-                       lora_targets="fc1,fc2", backbone="random", out="unused")
+    config = RunConfig(algo=algo, dataset="digits", model="cnn_bn" if algo == "fedbn" else "mlp", num_clients=3,
+                       rounds=1, lora_targets="fc1,fc2", backbone="random", out="unused",
+                       optimizer="sgd" if algo == "scaffold" else None)
     other = Harness(prepare(config))
+    if type(other.program).local_update is not ClientProgram.local_update:
+        pytest.skip(f"{algo} computes its loss in its own local update (job state)")
     inputs, targets = other.data.gather(other.data.train_indices[0][:8])
     terms = other.program.loss_terms(other.forward, other.parameters, inputs, targets, other.global_state)
     assert not {"gate_penalty", "private_penalty"} & set(terms)

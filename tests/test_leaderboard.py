@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from pflbench.cli import cli
-from pflbench.config import RunConfig
+from pflbench.config import RunConfig, with_base_defaults
 from pflbench.errors import ConfigError
 from pflbench.leaderboard import RunFolderWarning, cells, curve_bands, load_runs, pivot
 from pflbench.tables import to_csv, to_html, to_latex, to_markdown
@@ -36,8 +36,9 @@ MB_PER_ROUND = {"fedavg": 1.0, "fedprox": 1.0, "fedper": 0.5}
 def write_run(out: Path, algo: str, alpha: float, seed: int, final: float, global_acc: float | None,
               rounds: int = 2, dataset: str = "digits", **settings: object) -> Path:
     """A finished run folder as the runner writes it; pers_acc rises by 0.1 per round to ``final``."""
-    config = {**dataclasses.asdict(RunConfig(algo=algo, dataset=dataset, alpha=alpha, seed=seed,
-                                             rounds=rounds, out=str(out), **settings)),
+    resolved = with_base_defaults(RunConfig(algo=algo, dataset=dataset, alpha=alpha, seed=seed,
+                                            rounds=rounds, out=str(out), **settings))
+    config = {**dataclasses.asdict(resolved),
               "algo_hparams": {"mu": 0.01} if algo == "fedprox" else {}}
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:8]
     folder = out / "runs" / f"{algo}__{dataset}__a{alpha:g}__s{seed}__{digest}"
