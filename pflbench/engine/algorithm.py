@@ -200,6 +200,14 @@ class Algorithm(Generic[H]):
     def personal_model_is_received_default(self) -> bool:
         return type(self).personal_model is Algorithm.personal_model
 
+    def personalization_program(self) -> ClientProgram | None:
+        """A client program that turns ``personal_model(k)`` into the model client k is evaluated
+        with, using its train split (e.g. FedBABU's fine-tuning, Per-FedAvg's one-step
+        adaptation): the engine runs it through the executor on a job whose ``received`` is the
+        personal model (``private`` empty) and evaluates what it uploads (see
+        ``engine.personalize``). Default None: ``personal_model(k)`` is evaluated as it is."""
+        return None
+
     def personal_model(self, client_id: int) -> Tensors:
         """Client ``client_id``'s evaluation model: what it would receive + its private state."""
         return self.model_state(self.program.assemble(self.broadcast(client_id), self.store.get(client_id)))
