@@ -143,9 +143,9 @@ class Algorithm(Generic[H]):
         private = [n for n in names if n not in set(shared)]
         self.layout = ParamLayout(tuple(trainable), tuple(shared), tuple(private), self.param_groups())
         self.global_state = {n: tensors[n].detach().clone() for n in shared}
+        self.initial_state = clone_tensors(tensors)  # before extra_private_state, which may read it
         extra = self.extra_private_state()
         self.store = ClientStateStore({**{n: tensors[n].detach().clone() for n in private}, **extra})
-        self.initial_state = clone_tensors(tensors)
         if extra and not self.personal_model_is_received and \
                 type(self).personal_model is Algorithm.personal_model:
             raise ConfigError(

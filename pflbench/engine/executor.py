@@ -46,7 +46,9 @@ class SequentialExecutor:
 
     def train_one(self, program: ClientProgram, job: ClientJob) -> ClientUpdate:
         """Load the client's model, run its local update, read back upload and private state."""
-        load_into(self.tensors, program.assemble(job.received, job.private))
+        state = program.assemble(job.received, job.private)
+        # extra per-client state (Algorithm.extra_private_state) is not model state: not loaded
+        load_into(self.tensors, {n: t for n, t in state.items() if n in self.tensors})
         torch.manual_seed(derive_seed(job.seed, "dropout"))  # dropout and friends: per job
         trainer = LocalTrainer(self.model, self.data, job, program.local.batch_size)
         result = program.local_update(trainer)
