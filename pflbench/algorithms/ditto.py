@@ -40,8 +40,8 @@ def ditto_personal_gradient(task_gradient: Tensors, personal: Tensors, anchor: T
 
 @dataclass(frozen=True)
 class DittoHyperparameters:
-    lam: float = option(0.1, "λ of Ditto's (λ/2)·‖v − w^t‖² pulling each personal model toward the "
-                        "received global model (the paper tunes λ per data set).")
+    lam: float = option(0.1, "λ of the proximal term (λ/2)·‖personal − global‖² (Ditto: personal "
+                        "model v vs the received w; pFedMe: Moreau envelope θ vs w).")
     personal_epochs: int | None = option(None, "Epochs of the personal model per round "
                                          "[default: --local-epochs, as in the paper].")
 

@@ -69,7 +69,8 @@ def meta_gradient(gradient: Gradient, w: Tensors, batches: Sequence[object], alp
 @dataclass(frozen=True)
 class PerFedAvgHyperparameters:
     inner_lr: float = option(0.01, "α: step size of the one-step adaptation (training and test).")
-    beta: float | None = option(None, "β: outer (meta) step size [default: --lr].")
+    beta: float | None = option(None, "β: Per-FedAvg's outer (meta) step size; pFedMe's server mixing "
+                                "w ← (1 − β)·w + β·avg(w_k). [Per-FedAvg default: --lr]")
     variant: str = option("hf", "fo = first-order MAML step; hf = Hessian-free (finite-difference "
                           "Hessian-vector product).", choices=("fo", "hf"))
     hvp_delta: float = option(1e-3, "δ of the finite-difference Hessian-vector product (hf).")

@@ -66,10 +66,12 @@ def pfedme_server_update(global_state: Tensors, average: Tensors, beta: float) -
 
 @dataclass(frozen=True)
 class PFedMeHyperparameters:
-    lam: float = option(15.0, "λ of the Moreau envelope (λ/2)·‖θ − w‖² (paper: 15).")
+    lam: float = option(15.0, "λ of the proximal term (λ/2)·‖personal − global‖² (Ditto: personal "
+                        "model v vs the received w; pFedMe: Moreau envelope θ vs w).")
     inner_steps: int = option(5, "K: gradient steps that approximate θ̂ per batch (paper: 5).")
     personal_lr: float = option(0.01, "ν: step size of the inner steps (paper: 0.01).")
-    beta: float = option(1.0, "β of the server update w ← (1 − β)·w + β·avg(w_k) (paper: 1 or 2).")
+    beta: float = option(1.0, "β: Per-FedAvg's outer (meta) step size; pFedMe's server mixing "
+                         "w ← (1 − β)·w + β·avg(w_k).")
 
     def validate(self) -> None:
         if not self.lam > 0:
