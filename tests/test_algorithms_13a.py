@@ -265,7 +265,8 @@ def test_fedbabu_trains_and_sends_the_body_only_with_the_head_frozen(tmp_path):
 
 # ---- --finetune-epochs ------------------------------------------------------------------------
 def test_finetune_epochs_adds_pers_acc_ft_and_changes_nothing_else(tmp_path):
-    settings = dict(algo="fedavg", dataset="digits", model="mlp", num_clients=2, rounds=1, backbone="random")
+    settings = {"algo": "fedavg", "dataset": "digits", "model": "mlp", "num_clients": 2, "rounds": 1,
+                "backbone": "random"}
     plain = run_experiment(RunConfig(**settings, out=str(tmp_path / "plain")))
     tuned = run_experiment(RunConfig(**settings, finetune_epochs=2, out=str(tmp_path / "tuned")))
     for key in ("pers_acc", "global_acc", "final_train_loss", "bytes_up_total"):

@@ -30,8 +30,8 @@ State: shared = w (sent down and uploaded, counted in bytes); no private state.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
 
 import torch
 

@@ -25,8 +25,8 @@ last θ̂ (``pfedme.theta.<name>``), its personalized model, as the paper evalua
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -98,7 +98,7 @@ class PFedMeProgram(ClientProgram[PFedMeHyperparameters]):
         for _ in range(self.local.epochs):
             for inputs, targets in trainer.epoch():
                 theta, loss = pfedme_inner_solve(
-                    lambda params: trainer.gradient(params, inputs, targets), theta,
+                    lambda params, x=inputs, y=targets: trainer.gradient(params, x, y), theta,
                     {n: p.detach() for n, p in w.items()}, hparams.lam, hparams.personal_lr,
                     hparams.inner_steps)
                 apply_gradients(optimizer, w, pfedme_envelope_gradient(w, theta, hparams.lam),

@@ -10,7 +10,8 @@ uploads the whole resulting model state, which is then evaluated. Nothing of thi
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .algorithm import ClientProgram
 from .types import ClientJob, LocalPhase, NoHyperparameters, ParamLayout, Tensors
