@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from pflbench import Algorithm, ClientProgram, ConfigError, Tensors, option, register_algorithm
-from pflbench.engine import LocalResult, apply_gradients
+from pflbench.engine import LocalResult, LocalTrainer, apply_gradients
 
 LOCAL = "apfl.v."
 ALPHA = "apfl.alpha"
@@ -66,7 +66,7 @@ class APFLHyperparameters:
 
 
 class APFLProgram(ClientProgram[APFLHyperparameters]):
-    def local_update(self, trainer) -> LocalResult:
+    def local_update(self, trainer: LocalTrainer) -> LocalResult:
         job = trainer.job
         names = [n for n in self.layout.trainable if n in set(self.layout.shared)]
         shared = trainer.train_only(frozenset(names), self.layout.trainable)  # w: live parameters

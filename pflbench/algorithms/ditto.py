@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import torch
 
 from pflbench import Algorithm, ClientProgram, ConfigError, Tensors, option, register_algorithm
-from pflbench.engine import LocalResult, apply_gradients, mean_terms, standard_local_update
+from pflbench.engine import (LocalResult, LocalTrainer, apply_gradients, mean_terms,
+                             standard_local_update)
 
 PERSONAL = "ditto.v."
 
@@ -53,7 +54,7 @@ class DittoHyperparameters:
 
 
 class DittoProgram(ClientProgram[DittoHyperparameters]):
-    def local_update(self, trainer) -> LocalResult:
+    def local_update(self, trainer: LocalTrainer) -> LocalResult:
         """FedAvg's local epochs on w (uploaded), then the personal epochs on v (kept)."""
         job = trainer.job
         result = standard_local_update(self, trainer)  # the global model: plain FedAvg

@@ -13,8 +13,9 @@ that each client adapts with one gradient step. A local step draws independent b
     w ← w − β·g
 
 The outer step is taken by the run's local optimizer at step size β (SGD: exactly the update
-above). A pass over the client's data gives ⌊batches / 2⌋ (fo) or ⌊batches / 3⌋ (hf) steps, at
-least one, batches drawn from consecutive shuffled epochs. The server averages w FedAvg-style.
+above). A local epoch is as many such steps as the client's train split has minibatches (as many
+steps as FedAvg takes), each step drawing its 2 (fo) or 3 (hf) batches from consecutive shuffled
+passes over the data. The server averages w FedAvg-style.
 
 Test time (``personalization_program``): each client's evaluation model is the global w after one
 step of adaptation, w − α·∇f(w; D) on one minibatch D of its train split (run through the
@@ -36,7 +37,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from pflbench import Algorithm, ClientProgram, ConfigError, Tensors, option, register_algorithm
-from pflbench.engine import LocalResult, apply_gradients
+from pflbench.engine import LocalResult, LocalTrainer, apply_gradients
 
 Gradient = Callable[[Tensors, object], tuple[torch.Tensor, Tensors]]
 
@@ -84,12 +85,12 @@ class PerFedAvgHyperparameters:
             raise ConfigError(f"--hvp-delta must be > 0, got {self.hvp_delta}")
 
 
-def _batch_gradient(trainer) -> Gradient:
+def _batch_gradient(trainer: LocalTrainer) -> Gradient:
     return lambda params, batch: trainer.gradient(params, *batch)
 
 
 class PerFedAvgProgram(ClientProgram[PerFedAvgHyperparameters]):
-    def local_update(self, trainer) -> LocalResult:
+    def local_update(self, trainer: LocalTrainer) -> LocalResult:
         hparams = self.hparams
         names = [n for n in self.layout.trainable if n in set(self.layout.shared)]
         w = trainer.train_only(frozenset(names), self.layout.trainable)
@@ -97,7 +98,7 @@ class PerFedAvgProgram(ClientProgram[PerFedAvgHyperparameters]):
         spec = replace(spec, lr=spec.lr if hparams.beta is None else hparams.beta)
         optimizer = trainer.optimizer(spec, w)
         group = 2 if hparams.variant == "fo" else 3
-        steps = self.local.epochs * max(1, trainer.batches_per_epoch() // group)
+        steps = self.local.epochs * trainer.batches_per_epoch()
         stream = trainer.batches()
         total = torch.zeros((), device=trainer.device)
         trainer.model.train()
@@ -116,7 +117,7 @@ class OneStepAdaptation(ClientProgram[PerFedAvgHyperparameters]):
     """Test time: w − α·∇f(w; D) on one minibatch of the client's train split; uploads the whole
     adapted state (the model the client is evaluated with)."""
 
-    def local_update(self, trainer) -> LocalResult:
+    def local_update(self, trainer: LocalTrainer) -> LocalResult:
         names = [n for n in self.layout.trainable if n in trainer.job.received]
         w = {n: trainer.params[n] for n in names}
         trainer.model.train()

@@ -32,7 +32,7 @@ import torch
 
 from pflbench import (Algorithm, ClientProgram, ClientUpdate, ConfigError, Tensors, option,
                       register_algorithm, sample_weights, weighted_average)
-from pflbench.engine import LocalResult, apply_gradients
+from pflbench.engine import LocalResult, LocalTrainer, apply_gradients
 
 THETA = "pfedme.theta."
 Gradient = Callable[[Tensors], tuple[torch.Tensor, Tensors]]
@@ -86,7 +86,7 @@ class PFedMeHyperparameters:
 
 
 class PFedMeProgram(ClientProgram[PFedMeHyperparameters]):
-    def local_update(self, trainer) -> LocalResult:
+    def local_update(self, trainer: LocalTrainer) -> LocalResult:
         job, hparams = trainer.job, self.hparams
         names = [n for n in self.layout.trainable if n in set(self.layout.shared)]
         w = trainer.train_only(frozenset(names), self.layout.trainable)
