@@ -81,7 +81,7 @@ class DittoProgram(ClientProgram[DittoHyperparameters]):
         kept = {PERSONAL + n: t.detach().clone() for n, t in leaves.items()}
         kept.update({PERSONAL + n: trainer.state[n].detach().clone() for n in personal_buffers})
         kept.update({n: trainer.state[n].detach().clone() for n in self.layout.private})
-        terms = {"task": result.loss, "personal_task": personal_result.loss}
+        terms = {"task": result.loss, **({"personal_task": personal_result.loss} if steps else {})}
         return LocalResult(result.loss, terms, upload=upload, private=kept)
 
 
