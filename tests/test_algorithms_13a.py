@@ -286,3 +286,10 @@ def test_finetune_epochs_is_refused_without_a_global_model(tmp_path):
     with pytest.raises(ConfigError, match="finetune-epochs"):
         prepare(RunConfig(algo="fedper", dataset="digits", model="mlp", num_clients=2, rounds=1,
                           finetune_epochs=1, out=str(tmp_path)))
+
+
+def test_a_sweep_fine_tunes_only_the_algorithms_with_a_global_model():
+    from pflbench.sweep import Grid, expand_grid
+
+    runs = expand_grid(RunConfig(model="mlp", finetune_epochs=3), Grid(("fedavg", "fedper"), ("digits",), (0.5,), (0,)))
+    assert {r.config.algo: r.config.finetune_epochs for r in runs} == {"fedavg": 3, "fedper": 0}
