@@ -88,6 +88,10 @@ class RunConfig:
     seed: int = option(0, "Seed of the partition, client sampling, init and local training.")
     eval_every: int | None = option(None, "Evaluate every N rounds [default: 1 up to 100 rounds, "
                                     "else rounds/100]; the last round is always evaluated.")
+    finetune_epochs: int = option(
+        0, "Evaluation protocol (FedAvg-FT): after the last round, fine-tune the global model for E "
+        "epochs on each client's train split (the local optimizer settings) and report it as "
+        "pers_acc_ft; 0 = off. Only for algorithms with a global model.")
     device: str = option("cpu", "Torch device: cpu, cuda, cuda:1, ...")
     executor: str = option("sequential", "How clients train: sequential (one after another).",
                            choices=("sequential",))
@@ -305,6 +309,8 @@ def run_identity(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dic
         identity["head_layers"] = config.head_layers
     if config.executor != "sequential":
         identity["executor"] = config.executor
+    if config.finetune_epochs:
+        identity["finetune_epochs"] = config.finetune_epochs
     if config.pretrained or config.weights:
         identity.update(pretrained=config.pretrained, weights=config.weights)
     if init.pretrains(lora_rank is not None):
@@ -359,6 +365,7 @@ def validate(config: RunConfig) -> None:
         (0 < config.test_frac < 1, f"--test-frac must be in (0, 1), got {config.test_frac}"),
         (config.min_size >= 2, f"--min-size must be ≥ 2 (a train and a test sample), got {config.min_size}"),
         (config.eval_every is None or config.eval_every >= 1, f"--eval-every must be ≥ 1, got {config.eval_every}"),
+        (config.finetune_epochs >= 0, f"--finetune-epochs must be ≥ 0 (0 = off), got {config.finetune_epochs}"),
         (config.head_layers >= 1, f"--head-layers must be ≥ 1, got {config.head_layers}"),
         (math.isfinite(config.max_grad_norm) and config.max_grad_norm >= 0,
          f"--max-grad-norm must be ≥ 0 (0 = no clipping), got {config.max_grad_norm}"),

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 ACCURACY_METRICS = ("pers_acc", "pers_acc_weighted", "pers_acc_std", "pers_acc_worst10", "global_acc")
+FINETUNE_METRICS = ("pers_acc_ft", "pers_acc_ft_weighted")
 
 
 def worst_fraction_mean(values: np.ndarray, fraction: float = 0.1) -> float:
@@ -48,6 +49,9 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     for name in ACCURACY_METRICS:
         summary[name] = final.get(name)
         summary[f"{name}_last10"] = last_fraction_mean([r.get(name) for r in evaluated])
+    for name in FINETUNE_METRICS:  # --finetune-epochs: measured once, after the last round
+        if name in final:
+            summary[name] = final[name]
     last = records[-1] if records else {}
     summary.update(
         rounds=len(records),

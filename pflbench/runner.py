@@ -124,6 +124,9 @@ def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None,
     config, applied = resolve(config, algorithm_class, hparams, shared_defaults)
     validate(config)
     algorithm_class.check_config(config, hparams)
+    if config.finetune_epochs and not algorithm_class.has_global_model:
+        raise ConfigError(f"--finetune-epochs fine-tunes the global model, and --algo {config.algo} "
+                          "has none; leave it at 0")
     if config.executor not in EXECUTORS:
         raise ConfigError(f"--executor {config.executor!r} is not one of: {', '.join(EXECUTORS)}")
     lora_rank = algorithm_class.lora_rank(config, hparams)
@@ -225,6 +228,8 @@ def execute(prepared: PreparedRun, on_round: Callable[[dict[str, Any]], None] | 
     writer.writer.write_clients([
         {"client": k, "train_samples": stats["train_samples"][k], "test_samples": stats["test_samples"][k],
          "classes": stats["classes_per_client"][k], "pers_acc": float(client_accuracy[k]),
+         **({"pers_acc_ft": float(federation.finetune_accuracy[k])}
+            if federation.finetune_accuracy is not None else {}),
          **{column: values[k] for column, values in client_columns.items()}}
         for k in range(config.num_clients)])
     summary = {"algo": config.algo, "dataset": config.dataset, "alpha": config.alpha,

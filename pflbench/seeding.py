@@ -1,8 +1,8 @@
 """Independent, named random streams derived from one seed.
 
 Partitioning, client sampling, model init, local training, the public hold-out (and its
-pretraining) and per-client LoRA ranks each draw from their own stream, so (for example)
-every algorithm sees the same client sequence for the same seed.
+pretraining), per-client LoRA ranks and test-time personalization / fine-tuning each draw from
+their own stream, so (for example) every algorithm sees the same client sequence for the same seed.
 """
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import zlib
 
 import numpy as np
 
-STREAMS = ("partition", "split", "sampling", "init", "train", "dropout", "public", "ranks")
+STREAMS = ("partition", "split", "sampling", "init", "train", "dropout", "public", "ranks",
+           "personalize", "finetune")
 
 
 def derive_seed(seed: int, stream: str, *keys: int) -> int:

@@ -160,6 +160,7 @@ def expand_grid(base: RunConfig, grid: Grid) -> list[SweepRun]:
     Each cell is resolved like a single run (``config.resolve`` with its own hyperparameters).
     When any cell is a LoRA run, ``lora.RUN_DEFAULTS`` also fill the unset options of *every*
     other cell, so all runs share the model and the public hold-out (the same client data).
+    ``--finetune-epochs`` applies to the algorithms with a global model (the others run without it).
     """
     from .lora import RUN_DEFAULTS
 
@@ -179,6 +180,8 @@ def expand_grid(base: RunConfig, grid: Grid) -> list[SweepRun]:
             for algo_values in algo_axes[algo]:
                 config = dataclasses.replace(base, algo=algo, dataset=dataset, alpha=alpha, seed=seed,
                                              **run_values)
+                if not ALGORITHMS.get(algo).has_global_model:  # --finetune-epochs: global models only
+                    config = dataclasses.replace(config, finetune_epochs=0)
                 hparams = hyperparameters_from(hyperparameter_classes[algo], algo_values, algo)
                 cells.append((config, hparams, run_values, algo_values))
     any_lora = any(ALGORITHMS.get(c.algo).lora_rank(c, h) is not None for c, h, _, _ in cells)

@@ -75,7 +75,8 @@ def _summary_line(summary: dict[str, Any]) -> str:
 
     return (f"pers_acc {fmt(summary['pers_acc'])}  pers_acc_weighted {fmt(summary['pers_acc_weighted'])}  "
             f"worst10 {fmt(summary['pers_acc_worst10'])}  global_acc {fmt(summary['global_acc'])}  "
-            f"up {summary['bytes_up_total'] / 2**20:.2f} MB  time {summary['wall_time_s']:.1f}s\n"
+            + (f"pers_acc_ft {fmt(summary['pers_acc_ft'])}  " if "pers_acc_ft" in summary else "")
+            + f"up {summary['bytes_up_total'] / 2**20:.2f} MB  time {summary['wall_time_s']:.1f}s\n"
             f"results: {summary['run_dir']}")
 
 

@@ -7,21 +7,24 @@
 - ``executor``: ``Executor`` protocol and ``SequentialExecutor``
 - ``federation``: ``Federation``, the one round loop
 - ``observers``: ``RunObserver`` (progress bar, writer, tests)
+- ``personalize``: test-time personalization through the executor (``FineTuneProgram``)
 """
 from __future__ import annotations
 
 from .algorithm import Algorithm, ClientProgram
 from .executor import EXECUTORS, Executor, SequentialExecutor
-from .local import LocalResult, LocalTrainer, build_optimizer, mean_terms, standard_local_update
+from .local import (LocalResult, LocalTrainer, apply_gradients, build_optimizer, mean_terms,
+                    standard_local_update)
 from .federation import Federation, mean_loss_terms
 from .observers import Observer, RunObserver
+from .personalize import FineTuneProgram, personalize
 from .state import ClientStateStore
 from .types import (ClientJob, ClientUpdate, EvalJob, Forward, LocalPhase, NoHyperparameters,
                     OptimizerSpec, ParamGroup, ParamLayout, Tensors, load_into, sample_weights,
                     tensor_bytes, weighted_average)
 
-__all__ = ["LocalResult", "LocalTrainer", "mean_terms", "standard_local_update", "Algorithm", "ClientProgram", "EXECUTORS", "Executor", "SequentialExecutor",
+__all__ = ["LocalResult", "LocalTrainer", "apply_gradients", "mean_terms", "standard_local_update", "Algorithm", "ClientProgram", "EXECUTORS", "Executor", "SequentialExecutor",
            "build_optimizer", "Federation", "mean_loss_terms", "Observer", "RunObserver",
-           "ClientStateStore", "ClientJob", "ClientUpdate", "EvalJob", "Forward", "LocalPhase",
+           "ClientStateStore", "FineTuneProgram", "personalize", "ClientJob", "ClientUpdate", "EvalJob", "Forward", "LocalPhase",
            "NoHyperparameters", "OptimizerSpec", "ParamGroup", "ParamLayout", "Tensors",
            "load_into", "sample_weights", "tensor_bytes", "weighted_average"]

@@ -143,9 +143,9 @@ class Algorithm(Generic[H]):
         private = [n for n in names if n not in set(shared)]
         self.layout = ParamLayout(tuple(trainable), tuple(shared), tuple(private), self.param_groups())
         self.global_state = {n: tensors[n].detach().clone() for n in shared}
+        self.initial_state = clone_tensors(tensors)  # before extra_private_state, which may read it
         extra = self.extra_private_state()
         self.store = ClientStateStore({**{n: tensors[n].detach().clone() for n in private}, **extra})
-        self.initial_state = clone_tensors(tensors)
         if extra and not self.personal_model_is_received and \
                 type(self).personal_model is Algorithm.personal_model:
             raise ConfigError(
@@ -199,6 +199,14 @@ class Algorithm(Generic[H]):
 
     def personal_model_is_received_default(self) -> bool:
         return type(self).personal_model is Algorithm.personal_model
+
+    def personalization_program(self) -> ClientProgram | None:
+        """A client program that turns ``personal_model(k)`` into the model client k is evaluated
+        with, using its train split (e.g. FedBABU's fine-tuning, Per-FedAvg's one-step
+        adaptation): the engine runs it through the executor on a job whose ``received`` is the
+        personal model (``private`` empty) and evaluates what it uploads (see
+        ``engine.personalize``). Default None: ``personal_model(k)`` is evaluated as it is."""
+        return None
 
     def personal_model(self, client_id: int) -> Tensors:
         """Client ``client_id``'s evaluation model: what it would receive + its private state."""

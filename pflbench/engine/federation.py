@@ -13,7 +13,10 @@ from ..seeding import derive_seed, rng_stream
 from .algorithm import Algorithm
 from .executor import Executor
 from .observers import RunObserver
-from .types import ClientJob, ClientUpdate, EvalJob, tensor_bytes
+from .personalize import FineTuneProgram, personalize
+from .types import ClientJob, ClientUpdate, EvalJob, Tensors, tensor_bytes
+
+PERSONALIZE_CHUNK = 64  # clients personalized (and held in memory) at once during evaluation
 
 
 class Federation:
@@ -25,6 +28,7 @@ class Federation:
         self.config = algorithm.config
         self.num_test = np.asarray(num_test)
         self.sampling_rng = rng_stream(self.config.seed, "sampling")
+        self.finetune_accuracy: np.ndarray | None = None  # per client, after --finetune-epochs
 
     def sample_clients(self) -> list[int]:
         k, m = self.config.num_clients, self.config.sampled_per_round
@@ -43,19 +47,25 @@ class Federation:
         self._bytes_down = sum(tensor_bytes(job.received) for job in jobs)
         return updates
 
-    def evaluate(self) -> tuple[dict[str, Any], np.ndarray]:
+    def evaluate(self, round_index: int = 0) -> tuple[dict[str, Any], np.ndarray]:
         """Metrics over all clients' test splits, and each client's accuracy."""
         algorithm, num_clients = self.algorithm, self.config.num_clients
         everyone = tuple(range(num_clients))
-        if algorithm.clients_share_one_model():
+        adaptation = algorithm.personalization_program()
+        if algorithm.clients_share_one_model() and adaptation is None:
             (correct,) = self.executor.evaluate(algorithm.program, [EvalJob(algorithm.global_model(), everyone)])
             global_correct = correct
         else:
-            jobs = [EvalJob(algorithm.personal_model(k), (k,)) for k in everyone]
+            if adaptation is None:
+                jobs = [EvalJob(algorithm.personal_model(k), (k,)) for k in everyone]
+                correct_parts = []
+            else:
+                jobs, correct_parts = [], [self.personalized_correct(
+                    adaptation, algorithm.personal_model, "personalize", round_index)]
             if algorithm.has_global_model:
                 jobs.append(EvalJob(algorithm.global_model(), everyone))
             results = self.executor.evaluate(algorithm.program, jobs)
-            correct = np.concatenate(results[:num_clients])
+            correct = np.concatenate(correct_parts + results[:len(results) - algorithm.has_global_model])
             global_correct = results[-1] if algorithm.has_global_model else None
         metrics = accuracy_metrics(correct, self.num_test)
         metrics["global_acc"] = None
@@ -64,6 +74,32 @@ class Federation:
             hits = torch.tensor(float(global_correct.sum()), dtype=torch.float32)
             metrics["global_acc"] = float(hits / int(self.num_test.sum()))
         return metrics, correct / self.num_test
+
+    def personalized_correct(self, program: Any, model_of: Any, stream: str,
+                             round_index: int) -> np.ndarray:
+        """Correct test predictions per client of ``program`` run on ``model_of(k)`` over client
+        k's train split (through the executor, in chunks so memory stays bounded)."""
+        correct = []
+        for start in range(0, self.config.num_clients, PERSONALIZE_CHUNK):
+            clients = list(range(start, min(start + PERSONALIZE_CHUNK, self.config.num_clients)))
+            seeds = [derive_seed(self.config.seed, stream, round_index, k) for k in clients]
+            states = personalize(self.executor, program, [model_of(k) for k in clients], clients,
+                                 seeds, round_index)
+            results = self.executor.evaluate(program, [EvalJob(s, (k,)) for s, k in zip(states, clients)])
+            correct.extend(results)
+        return np.concatenate(correct)
+
+    def finetune_metrics(self, round_index: int) -> dict[str, float]:
+        """``--finetune-epochs E`` (FedAvg-FT protocol): the global model fine-tuned for E epochs on
+        each client's train split (the run's local optimizer), tested on the client's test split."""
+        algorithm = self.algorithm
+        program = FineTuneProgram(algorithm.layout.trainable, self.config.local_spec,
+                                  self.config.finetune_epochs)
+        global_state: Tensors = algorithm.global_model()
+        correct = self.personalized_correct(program, lambda k: global_state, "finetune", round_index)
+        metrics = accuracy_metrics(correct, self.num_test)
+        self.finetune_accuracy = correct / self.num_test
+        return {"pers_acc_ft": metrics["pers_acc"], "pers_acc_ft_weighted": metrics["pers_acc_weighted"]}
 
     def run(self) -> np.ndarray:
         """All rounds. Returns the final per-client accuracies."""
@@ -87,8 +123,12 @@ class Federation:
             record["round_time_s"] = time.perf_counter() - started
             if round_index % config.resolved_eval_every == 0 or round_index == config.rounds:
                 eval_started = time.perf_counter()
-                metrics, client_accuracy = self.evaluate()
+                metrics, client_accuracy = self.evaluate(round_index)
                 record.update(metrics, eval_time_s=time.perf_counter() - eval_started)
+            if round_index == config.rounds and config.finetune_epochs > 0 and algorithm.has_global_model:
+                finetune_started = time.perf_counter()
+                record.update(self.finetune_metrics(round_index),
+                              finetune_time_s=time.perf_counter() - finetune_started)
             record["peak_mem_mb"] = peak_memory_mb(self.executor)
             for observer in self.observers:
                 observer.on_round_end(record)

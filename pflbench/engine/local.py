@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
@@ -90,6 +91,40 @@ class LocalTrainer:
 
     def snapshot(self, names: tuple[str, ...] | list[str]) -> Tensors:
         return {n: self.state[n].detach().clone() for n in names}
+
+    def gradient(self, params: Tensors, inputs: torch.Tensor,
+                 targets: torch.Tensor) -> tuple[torch.Tensor, Tensors]:
+        """(loss, ∇loss) of the cross-entropy of the model with ``params`` (any tensors of the
+        parameters' names; the live buffers) on one batch, without touching ``.grad``. For
+        updates written as explicit gradient formulas (pFedMe, Per-FedAvg, APFL, Ditto)."""
+        leaves = {n: p.detach().requires_grad_(True) for n, p in params.items()}
+        loss = F.cross_entropy(functional_call(self.model, leaves, (inputs,), strict=False), targets)
+        return loss.detach(), dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))
+
+    def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """An endless stream of minibatches: shuffled epoch after shuffled epoch."""
+        while True:
+            yield from self.epoch()
+
+    def batches_per_epoch(self) -> int:
+        """Minibatches in one pass over the client's train split (``epoch``'s count: a trailing
+        single sample joins the previous batch)."""
+        size, batch = self.data.num_train[self.job.client_id], self.batch_size
+        count = max(1, -(-size // batch))
+        return count - 1 if batch > 1 and count > 1 and size - (count - 1) * batch == 1 else count
+
+
+def apply_gradients(optimizer: torch.optim.Optimizer, params: Tensors, gradients: Tensors,
+                    max_grad_norm: float | None = None) -> None:
+    """One ``optimizer`` step on ``params`` with the given gradients (optionally clipped to
+    ``max_grad_norm`` as a whole): for updates whose direction is not ∇ of one loss."""
+    for name, param in params.items():
+        param.grad = gradients[name].detach().clone()
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(list(params.values()), max_grad_norm)
+    optimizer.step()
+    for param in params.values():
+        param.grad = None
 
 
 def standard_local_update(program: ClientProgram, trainer: LocalTrainer) -> LocalResult:
