@@ -354,6 +354,10 @@ def _parse_scalar(text: str) -> Any:
 
 def validate(config: RunConfig) -> None:
     """Raise ConfigError naming the first bad value and what would be valid (a resolved config)."""
+    unset = [name for name in AUTO_FIELDS if getattr(config, name) is None]
+    if unset:
+        raise RuntimeError(f"validate() needs a resolved config; unset: {', '.join(unset)} (config.resolve)")
+    lr, max_grad_norm, public_frac = float(config.lr or 0), float(config.max_grad_norm or 0), float(config.public_frac or 0)
     checks = [
         (math.isfinite(config.alpha) and config.alpha > 0, f"--alpha must be a finite number > 0, got {config.alpha}"),
         (config.num_clients >= 1, f"--num-clients must be ≥ 1, got {config.num_clients}"),
@@ -361,24 +365,24 @@ def validate(config: RunConfig) -> None:
         (config.rounds >= 1, f"--rounds must be ≥ 1, got {config.rounds}"),
         (config.local_epochs >= 0, f"--local-epochs must be ≥ 0, got {config.local_epochs}"),
         (config.batch_size >= 1, f"--batch-size must be ≥ 1, got {config.batch_size}"),
-        (math.isfinite(config.lr) and config.lr > 0, f"--lr must be a finite number > 0, got {config.lr}"),
+        (math.isfinite(lr) and lr > 0, f"--lr must be a finite number > 0, got {config.lr}"),
         (0 < config.test_frac < 1, f"--test-frac must be in (0, 1), got {config.test_frac}"),
         (config.min_size >= 2, f"--min-size must be ≥ 2 (a train and a test sample), got {config.min_size}"),
         (config.eval_every is None or config.eval_every >= 1, f"--eval-every must be ≥ 1, got {config.eval_every}"),
         (config.finetune_epochs >= 0, f"--finetune-epochs must be ≥ 0 (0 = off), got {config.finetune_epochs}"),
         (config.head_layers >= 1, f"--head-layers must be ≥ 1, got {config.head_layers}"),
-        (math.isfinite(config.max_grad_norm) and config.max_grad_norm >= 0,
+        (math.isfinite(max_grad_norm) and max_grad_norm >= 0,
          f"--max-grad-norm must be ≥ 0 (0 = no clipping), got {config.max_grad_norm}"),
         (config.seed >= 0, f"--seed must be ≥ 0, got {config.seed}"),
         (config.momentum >= 0 and config.weight_decay >= 0, "--momentum and --weight-decay must be ≥ 0"),
-        (0 <= config.public_frac < 1, f"--public-frac must be in [0, 1), got {config.public_frac}"),
+        (0 <= public_frac < 1, f"--public-frac must be in [0, 1), got {config.public_frac}"),
         (config.lora_rank is None or config.lora_rank >= 1, f"--lora-rank must be ≥ 1, got {config.lora_rank}"),
         (config.lora_alpha > 0, f"--lora-alpha must be > 0, got {config.lora_alpha}"),
         (config.pretrain_epochs >= 1 and config.pretrain_lr > 0, "--pretrain-epochs must be ≥ 1 and --pretrain-lr > 0"),
         (not (config.pretrained and config.weights), "give either --pretrained or --weights, not both"),
         (config.backbone == "auto" or not (config.pretrained or config.weights),
          f"--backbone {config.backbone} contradicts --pretrained/--weights; use --backbone auto with them"),
-        (config.backbone != "public" or config.public_frac > 0,
+        (config.backbone != "public" or public_frac > 0,
          "--backbone public pretrains on the public fraction; give --public-frac (e.g. 0.2)"),
     ]
     for ok, message in checks:

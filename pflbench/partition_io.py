@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -255,13 +256,42 @@ def read_pfllib_folder(path: str | Path) -> dict[str, Any]:
             "train": train, "test": test, "num_classes": num_classes}
 
 
+class _ArraysOnlyUnpickler(pickle.Unpickler):
+    """Rebuilds numpy arrays, dtypes and plain containers; any other global is refused, so a
+    crafted file cannot run code (no ``np.load(allow_pickle=True)``)."""
+
+    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+               ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
+               ("numpy._core.multiarray", "scalar")}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a data file")
+        return super().find_class(module, name)
+
+
+def safe_pickled_npz_entry(file: Path, key: str) -> Any:
+    """The object stored under ``key`` of an ``.npz`` (a pickled 0-d object array), rebuilt with
+    an unpickler that only knows numpy arrays and containers."""
+    import io
+    import zipfile
+
+    with zipfile.ZipFile(file) as archive, archive.open(f"{key}.npy") as stream:
+        major, _ = np.lib.format.read_magic(stream)
+        read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(stream)
+        if dtype.hasobject:
+            value = _ArraysOnlyUnpickler(io.BytesIO(stream.read())).load()
+            return value.item() if isinstance(value, np.ndarray) and value.shape == () else value
+        return np.lib.format.read_array(archive.open(f"{key}.npy"), allow_pickle=False)
+
+
 def _read_pfllib_npz(file: Path, where: str) -> tuple[np.ndarray, np.ndarray]:
     if not file.is_file():
         raise ConfigError(f"{where} has no {file.parent.name}/{file.name} (config.json lists "
                           "more clients than there are files)")
     try:
-        with np.load(file, allow_pickle=True) as archive:  # PFLlib pickles a dict into 'data'
-            data = archive["data"].tolist()
+        data = safe_pickled_npz_entry(file, "data")  # PFLlib pickles a dict into 'data'
         x, y = np.asarray(data["x"]), np.asarray(data["y"]).astype(np.int64).reshape(-1)
     except Exception as error:  # any unreadable file is bad input here
         raise ConfigError(f"{where}: {file.parent.name}/{file.name} is not a PFLlib client file "

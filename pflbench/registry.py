@@ -129,6 +129,8 @@ def load_plugin_file(path: str | Path) -> None:
     digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
     module_name = f"pflbench_plugin_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}_{digest}"
     spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"--plugin {str(path)!r} cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
@@ -166,16 +168,17 @@ def _decorated_names(source: str, kind: str) -> list[tuple[str, str]]:
         if not isinstance(node, (ast.ClassDef, ast.FunctionDef)):
             continue
         for decorator in node.decorator_list:
-            call = decorator if isinstance(decorator, ast.Call) else None
-            func = call.func if call else None
-            name = getattr(func, "id", None) or getattr(func, "attr", None)
+            if not isinstance(decorator, ast.Call):
+                continue
+            call = decorator
+            name = getattr(call.func, "id", None) or getattr(call.func, "attr", None)
             if name == f"register_{kind}" and call.args and isinstance(call.args[0], ast.Constant):
                 doc = (ast.get_docstring(node) or "").strip().splitlines()
                 paper = next((stmt.value.value for stmt in getattr(node, "body", [])
                               if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant)
                               and any(getattr(t, "id", None) == "paper" for t in stmt.targets)), "")
                 line = doc[0] if doc else ""
-                found.append((str(call.args[0].value), f"{line} [{paper}]" if paper else line))
+                found.append((str(call.args[0].value), f"{line} [{paper!s}]" if paper else line))
     return found
 
 

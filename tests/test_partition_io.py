@@ -345,3 +345,27 @@ def test_flwr_spec_without_flwr_installed(monkeypatch: pytest.MonkeyPatch) -> No
     assert code == 2 and output.strip() == f"Error: {FLWR_INSTALL_HINT}"
     code, output = invoke("partition", "--dataset", "digits", "--partition-file", "flwr:")
     assert code == 2 and "expected flwr:<Partitioner>" in output
+
+
+def test_a_poisoned_pfllib_file_does_not_run_code(tmp_path: Path) -> None:
+    """PFLlib pickles a dict into each .npz; pflbench rebuilds it without running any code."""
+    import os
+
+    from pflbench.partition_io import safe_pickled_npz_entry
+
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    good, bad = tmp_path / "0.npz", tmp_path / "1.npz"
+    with open(good, "wb") as handle:
+        np.savez_compressed(handle, data={"x": np.arange(6.0).reshape(3, 2), "y": np.array([1, 2, 3])})
+    with open(bad, "wb") as handle:
+        np.savez(handle, data=np.array(Evil(), dtype=object))
+    loaded = safe_pickled_npz_entry(good, "data")
+    assert np.array_equal(loaded["y"], [1, 2, 3]) and loaded["x"].shape == (3, 2)
+    with pytest.raises(Exception, match="refusing to load"):
+        safe_pickled_npz_entry(bad, "data")
+    assert not marker.exists()
