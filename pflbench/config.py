@@ -123,9 +123,10 @@ class RunConfig:
 
     @property
     def partition_spec(self) -> PartitionSpec:
-        return PartitionSpec(self.partition, self.num_clients, self.alpha, self.shards_per_client,
-                             self.min_size, self.test_frac, _resolved(self.public_frac, "public_frac"),
-                             self.seed)
+        return PartitionSpec(self.dataset, self.partition, self.num_clients, self.alpha,
+                             self.shards_per_client, self.min_size, self.test_frac,
+                             _resolved(self.public_frac, "public_frac"), self.seed, self.dirichlet_cut,
+                             self.partition_file)
 
     @property
     def model_spec(self) -> ModelSpec:
@@ -195,7 +196,10 @@ class DataSpec:
 
 @dataclass(frozen=True)
 class PartitionSpec:
-    name: str
+    """What the partition stage reads (field names as in ``RunConfig``)."""
+
+    dataset: str
+    partition: str
     num_clients: int
     alpha: float
     shards_per_client: int
@@ -203,14 +207,20 @@ class PartitionSpec:
     test_frac: float
     public_frac: float
     seed: int
+    dirichlet_cut: str
+    partition_file: str | None
 
     def identity(self) -> dict[str, Any]:
         """The settings the partitioner reads (alpha only for Dirichlet ones, shards for shards)."""
-        read = {"partition": self.name, "num_clients": self.num_clients, "test_frac": self.test_frac,
-                "public_frac": self.public_frac}
-        if self.name.startswith("dirichlet"):
+        read: dict[str, Any] = {"partition": self.partition, "num_clients": self.num_clients,
+                                "test_frac": self.test_frac, "public_frac": self.public_frac}
+        if self.partition_file is not None:
+            return {**read, "partition_file": self.partition_file}
+        if self.partition.startswith("dirichlet"):
             read.update(alpha=self.alpha, min_size=self.min_size)
-        if self.name == "shards":
+        if self.partition == "dirichlet":
+            read["dirichlet_cut"] = self.dirichlet_cut
+        if self.partition == "shards":
             read["shards_per_client"] = self.shards_per_client
         return read
 

@@ -29,7 +29,7 @@ import numpy as np
 from .errors import ConfigError
 
 if TYPE_CHECKING:
-    from .config import RunConfig
+    from .config import PartitionSpec, RunConfig
     from .data import TensorDataset
 
 FORMAT = "pflbench-partition"
@@ -172,7 +172,7 @@ def validate_partition(preset: PresetPartition, dataset_size: int,
                           "(each sample may appear once, in one client's train or test split or public)")
 
 
-def preset_partition(config: RunConfig, dataset: TensorDataset) -> PresetPartition | None:
+def preset_partition(config: PartitionSpec | RunConfig, dataset: TensorDataset) -> PresetPartition | None:
     """The exact partition a run must use, if any: ``--partition-file``, else the dataset's own
     per-client train/test split under ``--partition natural`` (PFLlib folders). Validated."""
     if config.partition_file is not None and config.partition_file.startswith(FLWR_PREFIX):
@@ -374,7 +374,7 @@ def parse_flwr_spec(spec: str) -> tuple[str, dict[str, Any]]:
     return name, _key_values(items, f"--partition-file {spec}")
 
 
-def flwr_preset(config: RunConfig, dataset: TensorDataset) -> PresetPartition:
+def flwr_preset(config: PartitionSpec | RunConfig, dataset: TensorDataset) -> PresetPartition:
     """``--partition-file flwr:<Partitioner>[:key=value,...]``: a flwr-datasets partitioner with
     ``num_partitions`` = --num-clients on pflbench's pooled client data (after the public
     fraction is held out), as a Hugging Face Dataset with columns ``label`` (and ``group``

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from . import __version__
-from .config import (RunConfig, hyperparameters_from, identity_hash, resolve, run_identity,
+from .config import (PartitionSpec, RunConfig, hyperparameters_from, identity_hash, resolve, run_identity,
                      run_name, validate, with_base_defaults)
 from .data import FederatedData, TensorDataset, load_dataset
 from .engine import EXECUTORS, Algorithm, Executor, Federation, Observer, RunObserver
@@ -45,10 +45,11 @@ class Partition:
                 "public_indices": self.public.tolist(), "stats": self.stats}
 
 
-def make_partition(config: RunConfig, dataset: TensorDataset) -> Partition:
+def make_partition(spec: PartitionSpec | RunConfig, dataset: TensorDataset) -> Partition:
     """Hold out the public fraction (public stream), partition the rest over clients
-    (partition stream), then split each client (split stream)."""
-    config = with_base_defaults(config)
+    (partition stream), then split each client (split stream). Reads only the partition group
+    (a RunConfig is accepted for convenience: its unset settings take the base defaults)."""
+    config = with_base_defaults(spec).partition_spec if isinstance(spec, RunConfig) else spec
     labels = dataset.labels.numpy()
     preset = preset_partition(config, dataset)  # --partition-file, or a dataset's own client split
     if preset is not None:
@@ -136,7 +137,7 @@ def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None,
     # a preset partition sets K; a --num-clients other than the default must agree with it
     explicit = {"num_clients"} if config.num_clients != RunConfig.num_clients else set()
     config = fit_num_clients(config, dataset, explicit)
-    split = make_partition(config, dataset)
+    split = make_partition(config.partition_spec, dataset)
     if config.init_spec.pretrains(lora_rank is not None):
         check_model(config, algorithm_class, hparams, dataset)
     weights, backbone = initial_weights(config, dataset, split.public, device, lora_rank is not None)
