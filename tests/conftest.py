@@ -7,6 +7,9 @@ import pytest
 # Before anything imports huggingface_hub/timm (they read these once, at import): no hub calls.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
+# Tiny models on a small, possibly shared machine: one intra-op thread is fastest and never
+# collapses when another process is busy (and keeps the numbers of a test independent of cores).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True, scope="session")
