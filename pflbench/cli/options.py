@@ -82,6 +82,28 @@ def _load_plugins_from(args: list[str]) -> tuple[str, ...]:
     return tuple(paths)
 
 
+def explicit_options(names: Any) -> set[str]:
+    """Which of ``names`` the user gave on the command line (not defaults)."""
+    from click.core import ParameterSource
+
+    context = click.get_current_context()
+    return {n for n in names if context.get_parameter_source(n) is ParameterSource.COMMANDLINE}
+
+
+def refuse_inert_options(configs: list[tuple[RunConfig, Any]]) -> None:
+    """ConfigError for an option given on the command line that no run of ``configs`` (resolved
+    config, hyperparameters) would read."""
+    from ..config import inert_settings
+
+    inert: dict[str, str] | None = None
+    for config, hparams in configs:
+        found = inert_settings(config, ALGORITHMS.get(config.algo), hparams)
+        inert = found if inert is None else {k: v for k, v in inert.items() if k in found}
+    for name in sorted(explicit_options(inert or {})):
+        value = getattr(configs[0][0], name)
+        raise ConfigError(f"{_flag(name)} {value} would be ignored: {inert[name]}; leave it out")
+
+
 class RunCommand(click.Command):
     """``run`` gains each registered algorithm's hyperparameters as options (after --plugin)."""
 
@@ -106,7 +128,11 @@ class PflbenchGroup(click.Group):
             code = result if isinstance(result, int) else 0
         except (click.ClickException, ConfigError) as error:
             message = error.format_message() if isinstance(error, click.ClickException) else str(error)
-            click.echo(f"Error: {message}", err=True)
+            click.echo(f"Error: {' '.join(message.split())}", err=True)
+            code = 2
+        except OSError as error:  # outputs are checked up front; what slips through is still one line
+            where = f"{error.filename}: " if error.filename is not None else ""
+            click.echo(f"Error: {where}{error.strerror or error}", err=True)
             code = 2
         except click.Abort:
             click.echo("Aborted!", err=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from .algorithm import Algorithm, ClientProgram
 from .executor import EXECUTORS, Executor, SequentialExecutor
 from .local import LocalResult, LocalTrainer, build_optimizer, mean_terms, standard_local_update
-from .federation import Federation, mean_loss_terms
+from .federation import Diverged, Federation, mean_loss_terms
 from .observers import Observer, RunObserver
 from .state import ClientStateStore
 from .types import (ClientJob, ClientUpdate, EvalJob, Forward, LocalPhase, NoHyperparameters,
@@ -21,7 +21,7 @@ from .types import (ClientJob, ClientUpdate, EvalJob, Forward, LocalPhase, NoHyp
                     tensor_bytes, weighted_average)
 
 __all__ = ["LocalResult", "LocalTrainer", "mean_terms", "standard_local_update", "Algorithm", "ClientProgram", "EXECUTORS", "Executor", "SequentialExecutor",
-           "build_optimizer", "Federation", "mean_loss_terms", "Observer", "RunObserver",
+           "build_optimizer", "Diverged", "Federation", "mean_loss_terms", "Observer", "RunObserver",
            "ClientStateStore", "ClientJob", "ClientUpdate", "EvalJob", "Forward", "LocalPhase",
            "NoHyperparameters", "OptimizerSpec", "ParamGroup", "ParamLayout", "Tensors",
            "load_into", "sample_weights", "tensor_bytes", "weighted_average"]
