@@ -88,6 +88,8 @@ def _sweep_callback(algos: str, datasets: str, alphas: str, seeds: str, sets: tu
             click.echo(f"  failed {run.name}: {run.error} (see {run.run_dir / 'error.json'})", err=True)
         elif run.status == "diverged":
             click.echo(f"  diverged {run.name}: {run.error}", err=True)
+        elif run.status == "claimed":
+            click.echo(f"  not run {run.name}: {run.error}")
     return 1 if counts["failed"] or counts["diverged"] else 0
 
 
