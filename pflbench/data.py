@@ -138,8 +138,10 @@ def _call_loader(name: str, loader: Any, options: dict[str, Any]) -> TensorDatas
     """The loader's dataset; its failure on bad option values is one usage error naming them."""
     try:
         return loader(**options)
-    except ConfigError:
-        raise
+    except ConfigError as error:
+        if "--dataset-option" in str(error) or not options:
+            raise
+        raise ConfigError(f"--dataset-option for dataset {name!r}: {error}") from error
     except (TypeError, ValueError, AssertionError, ZeroDivisionError, OverflowError, IndexError) as error:
         given = " ".join(f"{k}={v}" for k, v in options.items()) or "none"
         reason = " ".join(str(error).split())[:200] or type(error).__name__
