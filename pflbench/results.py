@@ -28,9 +28,12 @@ def _clean(value: Any) -> Any:
 
 
 def write_json(path: Path, data: Any) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(_clean(data), indent=2, sort_keys=False) + "\n")
-    os.replace(temporary, path)
+    """Atomically (a uniquely named temporary file, fsync, ``os.replace``): concurrent writers
+    of one file never interleave, a reader never sees half a file."""
+    from .cache import atomic_write
+
+    text = (json.dumps(_clean(data), indent=2, sort_keys=False) + "\n").encode()
+    atomic_write(Path(path), lambda file: file.write(text))
 
 
 def read_rounds(path: Path, count: int) -> list[dict[str, Any]]:

@@ -230,6 +230,9 @@ def _start(prepared: PreparedRun, federation: Federation, paths: RunPaths, ident
            resume: bool, plugins: tuple[str, ...]) -> tuple[RunWriter, list[dict[str, Any]], dict[str, Any]]:
     """Resume from the work folder's checkpoint (``resume``), else start an empty work folder."""
     checkpoint = paths.work / CHECKPOINT_FILE
+    if not resume and checkpoint.is_file():
+        warn(f"{paths.work} holds an unfinished run with a checkpoint; starting it over "
+             "(--resume continues it)")
     entry = load_checkpoint(checkpoint, identity) if resume and paths.work.is_dir() else None
     if entry is not None:
         tensors, meta = entry

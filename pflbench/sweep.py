@@ -205,10 +205,14 @@ def sweep_record_path(out: str | Path, grid: Grid, base: RunConfig) -> Path:
     digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
     stem = Path(out) / "sweeps" / f"{time.strftime('%Y%m%d-%H%M%S')}-{digest}"
     path, attempt = stem.with_suffix(".json"), 1
-    while path.exists():  # two sweeps of the same grid within one second
-        attempt += 1
-        path = stem.with_name(f"{stem.name}-{attempt}.json")
-    return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:  # reserve the name: two sweeps of the same grid within one second get two files
+        try:
+            with open(path, "x"):
+                return path
+        except FileExistsError:
+            attempt += 1
+            path = stem.with_name(f"{stem.name}-{attempt}.json")
 
 
 def _write_record(path: Path, grid: Grid, base: RunConfig, runs: list[SweepRun]) -> None:
