@@ -311,32 +311,6 @@ def run_identity(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dic
     return identity
 
 
-def inert_settings(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dict[str, str]:
-    """The settings a resolved run would not read, each with why: given explicitly they are
-    refused (``--momentum`` with Adam, LoRA options without LoRA, ...), never recorded as if
-    they applied. (``run_identity`` leaves them out.)"""
-    lora = algorithm.lora_rank(config, hyperparameters) is not None
-    inert: dict[str, str] = {}
-    if config.optimizer is not None and config.optimizer != "sgd":
-        inert["momentum"] = f"--optimizer {config.optimizer} has no momentum (use --optimizer sgd)"
-    if not lora:
-        for name in ("lora_alpha", "lora_targets"):
-            inert[name] = f"--algo {config.algo} without --lora-rank trains no LoRA layers"
-    if not (getattr(algorithm, "uses_head_layers", False) or lora):
-        inert["head_layers"] = f"--algo {config.algo} has no private head (fedper, fedrep or LoRA runs use it)"
-    partitioned_here = config.partition_file is None
-    if partitioned_here and config.partition != "shards":
-        inert["shards_per_client"] = f"--partition {config.partition} has no shards (use --partition shards)"
-    if partitioned_here and not config.partition.startswith("dirichlet"):
-        inert["alpha"] = f"--partition {config.partition} has no concentration α (use --partition dirichlet)"
-    if partitioned_here and config.partition != "dirichlet":
-        inert["dirichlet_cut"] = f"--partition {config.partition} is not dirichlet"
-    if not config.init_spec.pretrains(lora):
-        for name in ("pretrain_epochs", "pretrain_lr"):
-            inert[name] = "this run pretrains no backbone (LoRA runs or --backbone public do)"
-    return inert
-
-
 def identity_hash(identity: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
 

@@ -6,7 +6,8 @@ summary.json are written, so a folder with summary.json is always complete. An e
 in ``NAME/`` is moved aside (``.old-NAME-<pid>``) just before, and deleted only after the new
 folder is in place: a rerun (``--force``) that dies leaves the earlier result untouched.
 
-At most one process works on a run: ``OUT/runs/NAME.claim`` (JSON: pid, host, started, heartbeat)
+At most one process works on a run: ``OUT/runs/NAME.claim`` (JSON: pid, host, start time, the
+process's start time in ``/proc`` against pid reuse; its mtime is the heartbeat)
 is created atomically (a hard link of a fully written file, which fails if the claim exists).
 A claim is stale when its pid is not alive on this host, or, for another host, when its file was
 not touched for ``CLAIM_STALE_S`` (the owner touches it every round); a stale claim is taken over.
@@ -134,6 +135,24 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def process_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux ``/proc``), else None: tells a
+    live owner from an unrelated process that reuses a dead owner's pid."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _owner_alive(info: dict[str, Any]) -> bool:
+    pid = info.get("pid")
+    if not isinstance(pid, int) or not _alive(pid):
+        return False
+    recorded = info.get("proc_start")
+    return recorded is None or process_start(pid) in (None, recorded)
+
+
 def claim_owner(paths: RunPaths) -> dict[str, Any] | None:
     """The live owner of the run's claim (its JSON), or None when unclaimed or stale."""
     info = read_json(paths.claim)
@@ -144,7 +163,7 @@ def claim_owner(paths: RunPaths) -> dict[str, Any] | None:
     if not isinstance(info, dict):  # half-written by a very old writer, or garbage
         return None if age > 60 else {"pid": "?", "host": "?", "started": "?"}
     if info.get("host") == socket.gethostname():
-        return info if isinstance(info.get("pid"), int) and _alive(info["pid"]) else None
+        return info if _owner_alive(info) else None
     return info if age < CLAIM_STALE_S else None
 
 
@@ -164,7 +183,7 @@ class Claim:
         path = self.paths.claim
         path.parent.mkdir(parents=True, exist_ok=True)
         body = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
-                           "run": self.paths.name})
+                           "proc_start": process_start(os.getpid()), "run": self.paths.name})
         for _ in range(5):
             handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
             try:

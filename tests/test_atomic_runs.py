@@ -131,6 +131,9 @@ def test_claims_live_stale_and_other_hosts(tmp_path: Path) -> None:
         sleeper.wait()
     write_claim(paths, dead_pid())  # the owner died: stale, taken over
     assert claim_owner(paths) is None
+    paths.claim.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                       "started": time.time(), "proc_start": 1}))
+    assert claim_owner(paths) is None  # its pid now belongs to another process (started later)
     with Claim(paths):
         assert json.loads(paths.claim.read_text())["pid"] == os.getpid()
     assert not paths.claim.exists()

@@ -82,6 +82,32 @@ def _load_plugins_from(args: list[str]) -> tuple[str, ...]:
     return tuple(paths)
 
 
+def inert_settings(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dict[str, str]:
+    """The settings a resolved run would not read, each with why: given explicitly they are
+    refused (``--momentum`` with Adam, LoRA options without LoRA, ...), never recorded as if
+    they applied. (``run_identity`` leaves them out.)"""
+    lora = algorithm.lora_rank(config, hyperparameters) is not None
+    inert: dict[str, str] = {}
+    if config.optimizer is not None and config.optimizer != "sgd":
+        inert["momentum"] = f"--optimizer {config.optimizer} has no momentum (use --optimizer sgd)"
+    if not lora:
+        for name in ("lora_alpha", "lora_targets"):
+            inert[name] = f"--algo {config.algo} without --lora-rank trains no LoRA layers"
+    if not (getattr(algorithm, "uses_head_layers", False) or lora):
+        inert["head_layers"] = f"--algo {config.algo} has no private head (fedper, fedrep or LoRA runs use it)"
+    partitioned_here = config.partition_file is None
+    if partitioned_here and config.partition != "shards":
+        inert["shards_per_client"] = f"--partition {config.partition} has no shards (use --partition shards)"
+    if partitioned_here and not config.partition.startswith("dirichlet"):
+        inert["alpha"] = f"--partition {config.partition} has no concentration α (use --partition dirichlet)"
+    if partitioned_here and config.partition != "dirichlet":
+        inert["dirichlet_cut"] = f"--partition {config.partition} is not dirichlet"
+    if not config.init_spec.pretrains(lora):
+        for name in ("pretrain_epochs", "pretrain_lr"):
+            inert[name] = "this run pretrains no backbone (LoRA runs or --backbone public do)"
+    return inert
+
+
 def explicit_options(names: Any) -> set[str]:
     """Which of ``names`` the user gave on the command line (not defaults)."""
     from click.core import ParameterSource
@@ -93,8 +119,6 @@ def explicit_options(names: Any) -> set[str]:
 def refuse_inert_options(configs: list[tuple[RunConfig, Any]]) -> None:
     """ConfigError for an option given on the command line that no run of ``configs`` (resolved
     config, hyperparameters) would read."""
-    from ..config import inert_settings
-
     inert: dict[str, str] | None = None
     for config, hparams in configs:
         found = inert_settings(config, ALGORITHMS.get(config.algo), hparams)

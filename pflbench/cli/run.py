@@ -193,9 +193,8 @@ def partition_command(plot: str | None, save: str | None, export: str | None, **
 
 def refuse_partition_inert(values: dict[str, Any]) -> None:
     """The partition options the chosen partitioner would not read, given explicitly: refused."""
-    from ..config import inert_settings
     from ..errors import ConfigError
-    from .options import _flag, explicit_options
+    from .options import _flag, explicit_options, inert_settings
 
     probe = RunConfig(**values)
     inert = {k: v for k, v in inert_settings(probe, ALGORITHMS.get("fedavg"), None).items()
