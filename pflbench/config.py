@@ -92,8 +92,7 @@ class RunConfig:
     executor: str = option("sequential", "How clients train: sequential (one after another).",
                            choices=("sequential",))
     out: str = option("results", "Output folder; the run goes to OUT/runs/<name>/.")
-    checkpoint_every: int = option(10, "Save a checkpoint every N rounds, to continue a killed run "
-                                   "(run --resume; sweeps resume by themselves); 0 = never.")
+    checkpoint_every: int = option(10, "Checkpoint every N rounds (run --resume; sweeps resume); 0 = never.")
 
     @property
     def sampled_per_round(self) -> int:
