@@ -23,9 +23,10 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import ConfigError
 
@@ -232,11 +233,11 @@ class Claim:
                 self.paths.claim.unlink(missing_ok=True)
             self.held = False
 
-    def __enter__(self) -> Claim:
+    def __enter__(self) -> Claim:  # noqa: PYI034
         self.acquire()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 

@@ -14,8 +14,15 @@ from click.testing import CliRunner
 
 from pflbench.cli import cli
 from pflbench.config import RunConfig
-from pflbench.rundir import (Claim, RunClaimed, RunFinished, RunPaths, claim_owner, guard_run,
-                             publish)
+from pflbench.rundir import (
+    Claim,
+    RunClaimed,
+    RunFinished,
+    RunPaths,
+    claim_owner,
+    guard_run,
+    publish,
+)
 from pflbench.runner import run_experiment
 
 TINY = ["--dataset", "digits", "--model", "mlp", "--num-clients", "3", "--rounds", "3", "--quiet"]

@@ -47,7 +47,7 @@ def cli_args(config: RunConfig) -> list[str]:
 def run_cli(args: list[str], **env: str) -> subprocess.CompletedProcess:
     code = "import sys; from pflbench.cli import main; sys.argv[0] = 'pflbench'; main()"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **env}, timeout=300)
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **env}, timeout=300, check=False)
 
 
 def contents(folder: Path) -> tuple[list[dict], dict, str]:
@@ -120,9 +120,10 @@ def test_resume_without_checkpoint_starts_over_and_corrupt_checkpoint_is_discard
 def test_checkpoint_of_other_settings_is_not_resumed(tmp_path: Path) -> None:
     """A checkpoint whose identity differs (e.g. written by another version of the settings)
     is refused by its expected identity hash."""
-    from pflbench.checkpoint import load_checkpoint
-    from pflbench.cache import save_entry
     import torch
+
+    from pflbench.cache import save_entry
+    from pflbench.checkpoint import load_checkpoint
 
     path = tmp_path / CHECKPOINT_FILE
     save_entry(path, {"global/w": torch.zeros(2)}, {"kind": "pflbench-checkpoint-v1", "identity_hash": "aaaa"})
