@@ -33,7 +33,7 @@ from .partition_io import fit_num_clients, preset_partition
 from .pretrain import initial_weights, load_initial_weights, public_split
 from .registry import ALGORITHMS
 from .results import RunWriter, read_rounds
-from .rundir import Claim, RunPaths, fresh_work_folder, guard_run, publish
+from .rundir import Claim, RunPaths, fresh_work_folder, guard_run, publish, read_json
 from .seeding import derive_seed, rng_stream
 
 
@@ -275,6 +275,11 @@ def _execute_claimed(prepared: PreparedRun, paths: RunPaths, claim: Claim,
                      observers: Sequence[RunObserver], resume: bool) -> dict[str, Any]:
     config = prepared.config
     identity = identity_hash(run_identity(config, type(prepared.algorithm), prepared.algorithm.hparams))
+    done = read_json(paths.work / "summary.json") if resume else None
+    if isinstance(done, dict) and done.get("status") == "completed" and \
+            (read_json(paths.work / "config.json") or {}).get("identity_hash") == identity:
+        publish(paths)  # killed between writing summary.json and moving the folder into place
+        return done
     federation = Federation(prepared.algorithm, prepared.executor, prepared.data.num_test)
     writer, records, before = _start(prepared, federation, paths, identity, resume, plugins)
     checkpointer = CheckpointObserver(paths.work / CHECKPOINT_FILE, federation, identity,

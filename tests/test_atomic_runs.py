@@ -185,3 +185,13 @@ def test_publish_interrupted_between_moves_is_recovered(tmp_path: Path) -> None:
     publish(paths)
     assert json.loads((paths.final / "summary.json").read_text()) == {"new": 1}
     assert sorted(p.name for p in paths.final.parent.iterdir()) == ["r1"]
+
+
+def test_resume_publishes_a_run_killed_just_before_its_move(tmp_path: Path) -> None:
+    cfg = config(tmp_path, rounds=1)
+    first = run_experiment(cfg)
+    folder = the_run(tmp_path)
+    folder.rename(folder.with_name(".tmp-" + folder.name))  # summary written, not yet moved
+    again = run_experiment(cfg, resume=True)
+    assert again == first and (folder / "summary.json").is_file()
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [folder.name]
