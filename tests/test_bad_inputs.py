@@ -93,6 +93,9 @@ CASES = [
     # list
     (["list", "nope"], "nope"),
     (["list", "--plugin", "/nonexistent/p.py"], "--plugin"),
+    (["list", "--plugin", "RAISES"], "failed to import: RuntimeError: boom"),
+    (RUN + ["--plugin", "EXITS"], "called sys.exit(3)"),
+    (SWEEP + ["--plugin", "RAISES"], "failed to import"),
 ]
 
 
@@ -116,7 +119,10 @@ def test_bad_input_is_one_error_line(args: list[str], message: str, tmp_path: Pa
     file = tmp_path / "a-file"
     file.write_text("not a folder")
     out = tmp_path / "out"
-    names = {"FILE": str(file), "OUT": str(out), "RESULTS": str(results)}
+    (tmp_path / "raises.py").write_text("raise RuntimeError('boom')\n")
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(3)\n")
+    names = {"FILE": str(file), "OUT": str(out), "RESULTS": str(results),
+             "RAISES": str(tmp_path / "raises.py"), "EXITS": str(tmp_path / "exits.py")}
 
     def fill(text: str) -> str:
         for key, value in names.items():
@@ -138,6 +144,7 @@ def test_bad_input_is_one_error_line(args: list[str], message: str, tmp_path: Pa
     assert snapshot(results) == results_before
     assert not out.exists()
     assert not os.path.exists("/proc/pflbench-out")
+    assert result.stdout == "", "nothing may be printed before the error"
 
 
 def test_table_is_large_enough() -> None:

@@ -121,11 +121,11 @@ def list_command(kind: str | None, plugin: tuple[str, ...]) -> None:
 
     registries = {"algorithms": ALGORITHMS, "datasets": DATASETS, "models": MODELS,
                   "partitioners": PARTITIONERS}
-    for name, registry in registries.items():
-        if kind not in (None, name):
-            continue
+    listed = {name: describe(registry, plugin) for name, registry in registries.items()
+              if kind in (None, name)}  # plugins load (or fail) before anything is printed
+    for name, items in listed.items():
         click.echo(f"{name}:")
-        for item_name, line in describe(registry, plugin).items():
+        for item_name, line in items.items():
             click.echo(f"  {item_name:<18} {line}")
         if name == "models":
             click.echo(f"  {'<timm name>':<18} any timm model, e.g. vit_tiny_patch16_224, resnet18")
