@@ -195,3 +195,59 @@ def test_resume_publishes_a_run_killed_just_before_its_move(tmp_path: Path) -> N
     again = run_experiment(cfg, resume=True)
     assert again == first and (folder / "summary.json").is_file()
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [folder.name]
+
+
+def test_two_identical_sweeps_at_once_train_each_run_once(tmp_path: Path) -> None:
+    from pflbench.sweep import Grid, expand_grid, run_sweep, sweep_record_path
+
+    base = config(tmp_path, rounds=2)
+    grid = Grid(("fedavg",), ("digits",), (0.5,), (0, 1, 2))
+    pids = []
+    for _ in range(2):
+        pid = os.fork()
+        if pid == 0:
+            code = 99
+            try:
+                import torch
+
+                torch.set_num_threads(1)
+                runs = expand_grid(base, grid)
+                run_sweep(runs, sweep_record_path(base.out, grid, base), grid, base)
+                code = sum(r.status == "done" for r in runs)
+                code += 10 * sum(r.status == "failed" for r in runs)
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    done = [os.WEXITSTATUS(os.waitpid(pid, 0)[1]) for pid in pids]
+    assert sum(done) == 3, done  # 3 runs, each trained by exactly one of the two sweeps
+    runs = tmp_path / "runs"
+    assert sorted(p.name.split("__")[3] for p in runs.iterdir()) == ["s0", "s1", "s2"]
+    for folder in runs.iterdir():
+        assert len((folder / "rounds.jsonl").read_text().splitlines()) == 2
+    assert len(list((tmp_path / "sweeps").iterdir())) == 2  # one record each, never shared
+
+
+def test_sigkilled_sweep_resumes_its_unfinished_run(tmp_path: Path) -> None:
+    from pflbench.sweep import Grid, expand_grid, run_sweep, sweep_record_path
+
+    base = config(tmp_path, rounds=4, checkpoint_every=2)
+    grid = Grid(("fedavg",), ("digits",), (0.5,), (0,))
+    pid = os.fork()
+    if pid == 0:
+        try:
+            import torch
+
+            torch.set_num_threads(1)
+            os.environ["PFLBENCH_TEST_KILL_AFTER_ROUND"] = "3"
+            runs = expand_grid(base, grid)
+            run_sweep(runs, sweep_record_path(base.out, grid, base), grid, base)
+        finally:
+            os._exit(3)
+    status = os.waitpid(pid, 0)[1]
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    runs = expand_grid(base, grid)
+    run_sweep(runs, sweep_record_path(base.out, grid, base), grid, base)
+    assert [r.status for r in runs] == ["done"]
+    summary = json.loads((runs[0].run_dir / "summary.json").read_text())
+    assert summary["checkpoints_written"] == 0  # resumed after the checkpoint of round 2
+    assert len((runs[0].run_dir / "rounds.jsonl").read_text().splitlines()) == 4
