@@ -33,7 +33,7 @@ from .partition_io import fit_num_clients, preset_partition
 from .pretrain import initial_weights, load_initial_weights, public_split
 from .registry import ALGORITHMS
 from .results import RunWriter, read_rounds
-from .rundir import Claim, RunPaths, fresh_work_folder, guard_run, publish, read_json
+from .rundir import Claim, RunPaths, fresh_work_folder, guard_run, publish, read_json, writing
 from .seeding import derive_seed, rng_stream
 
 
@@ -265,7 +265,7 @@ def execute(prepared: PreparedRun, on_round: Callable[[dict[str, Any]], None] | 
     parameter."""
     paths = RunPaths(prepared.run_dir)
     guard_run(paths, force)
-    with Claim(paths) as claim:
+    with Claim(paths) as claim, writing(paths.work):  # a full disk: "cannot write FILE: reason"
         guard_run(paths, force, check_claim=False)  # finished by another process meanwhile?
         return _execute_claimed(prepared, paths, claim, on_round, plugins, observers, resume)
 

@@ -60,6 +60,7 @@ CASES = [
     (RUN + ["--out", "FILE"], "cannot write FILE: it is a file"),
     (RUN + ["--out", "FILE/below"], "cannot write FILE/below"),
     (RUN + ["--out", "/proc/pflbench-out"], "cannot write /proc/pflbench-out"),
+    (RUN + ["--out", "RESULTS"], "cannot write RESULTS/runs: it is a file"),
     # sweep
     (SWEEP + ["--seeds", "-1"], "--seed must be ≥ 0"),
     (SWEEP + ["--alphas", "0"], "--alpha must be a finite number > 0"),
@@ -103,8 +104,7 @@ CASES = [
 def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A results folder (the leaderboard refuses bad outputs before reading any run)."""
     folder = tmp_path_factory.mktemp("results")
-    (folder / "runs" / "some_run").mkdir(parents=True)
-    (folder / "runs" / "some_run" / "summary.json").write_text('{"status": "completed"}')
+    (folder / "runs").write_text("a file where the runs folder should be")
     return folder
 
 
@@ -150,3 +150,21 @@ def test_bad_input_is_one_error_line(args: list[str], message: str, tmp_path: Pa
 def test_table_is_large_enough() -> None:
     commands = {args[0] for args, _ in CASES}
     assert len(CASES) >= 30 and commands == {"run", "sweep", "partition", "leaderboard", "pretrain", "list"}
+
+
+def test_disk_full_during_a_run_is_one_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from pflbench.results import RunWriter
+
+    def full(self, record):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self.run_dir / "rounds.jsonl"))
+
+    monkeypatch.setattr(RunWriter, "write_round", full)
+    result = CliRunner().invoke(cli, RUN + ["--out", str(tmp_path)])
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert lines[0].startswith("Error: cannot write ") and "rounds.jsonl: No space left on device" in lines[0]
+    runs = tmp_path / "runs"
+    assert not any((p / "summary.json").exists() for p in runs.iterdir() if p.is_dir())
+    assert not list(runs.glob("*.claim"))

@@ -44,6 +44,7 @@ def _sweep_callback(algos: str, datasets: str, alphas: str, seeds: str, sets: tu
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
     base = RunConfig(**{k: v for k, v in values.items() if k in run_fields})
     check_writable(base.out)
+    check_writable(Path(base.out) / "runs")
     grid = Grid(split_values(algos, str, "--algos"), split_values(datasets, str, "--datasets"),
                 split_values(alphas, float, "--alphas"), split_values(seeds, int, "--seeds"),
                 _sweep_axes(sets, values, run_fields))

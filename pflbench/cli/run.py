@@ -19,6 +19,8 @@ PARTITION_FIELDS = ("dataset", "dataset_option", "data_dir", "partition", "alpha
 
 
 def _run_callback(quiet: bool, plugin: tuple[str, ...], force: bool, resume: bool, **values: Any) -> int:
+    from pathlib import Path
+
     from ..config import hyperparameters_from, resolve
     from ..rundir import RunPaths, check_writable, guard_run
     from ..runner import RunDiverged, execute, prepare
@@ -28,6 +30,7 @@ def _run_callback(quiet: bool, plugin: tuple[str, ...], force: bool, resume: boo
     config = RunConfig(**{k: v for k, v in values.items() if k in run_fields})
     algo_options = {k: v for k, v in values.items() if k not in run_fields and v is not None}
     check_writable(config.out)
+    check_writable(Path(config.out) / "runs")
     algorithm_class = ALGORITHMS.get(config.algo)
     hparams = hyperparameters_from(algorithm_class.hyperparameters, dict(algo_options), config.algo)
     resolved, _ = resolve(config, algorithm_class, hparams)
