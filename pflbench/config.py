@@ -96,6 +96,7 @@ class RunConfig:
     executor: str = option("sequential", "How clients train: sequential (one after another).",
                            choices=("sequential",))
     out: str = option("results", "Output folder; the run goes to OUT/runs/<name>/.")
+    checkpoint_every: int = option(10, "Checkpoint every N rounds (run --resume; sweeps resume); 0 = never.")
 
     @property
     def sampled_per_round(self) -> int:
@@ -384,6 +385,7 @@ def validate(config: RunConfig) -> None:
         (math.isfinite(max_grad_norm) and max_grad_norm >= 0,
          f"--max-grad-norm must be ≥ 0 (0 = no clipping), got {config.max_grad_norm}"),
         (config.seed >= 0, f"--seed must be ≥ 0, got {config.seed}"),
+        (config.checkpoint_every >= 0, f"--checkpoint-every must be ≥ 0 (0 = never), got {config.checkpoint_every}"),
         (config.momentum >= 0 and config.weight_decay >= 0, "--momentum and --weight-decay must be ≥ 0"),
         (0 <= public_frac < 1, f"--public-frac must be in [0, 1), got {config.public_frac}"),
         (config.lora_rank is None or config.lora_rank >= 1, f"--lora-rank must be ≥ 1, got {config.lora_rank}"),

@@ -113,7 +113,7 @@ def load_dataset(name: str, options: dict[str, Any] | None = None,
         raise ConfigError(f"dataset {name!r} has no option {unknown[0]!r}; its options: {valid}")
     use_cache = use_cache and getattr(loader, "cacheable", True)
     if not use_cache:
-        return loader(**options)
+        return _call_loader(name, loader, options)
     key = dataset_cache_key(name, options, loader)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / f"{name}-{digest}.pt"
@@ -124,7 +124,7 @@ def load_dataset(name: str, options: dict[str, Any] | None = None,
         except (KeyError, TypeError, ValueError, IndexError):
             cache.warn(f"cache file {path} has an unexpected layout; deleted it and rebuilding")
             cache.discard(path)
-    dataset = loader(**options)
+    dataset = _call_loader(name, loader, options)
     converted = _to_entry(dataset, key)
     if converted is not None:
         try:
@@ -132,6 +132,21 @@ def load_dataset(name: str, options: dict[str, Any] | None = None,
         except OSError as error:  # a full or read-only cache costs speed, not the run
             cache.warn(f"could not write cache file {path}: {error.strerror or error}")
     return dataset
+
+
+def _call_loader(name: str, loader: Any, options: dict[str, Any]) -> TensorDataset:
+    """The loader's dataset; its failure on bad option values is one usage error naming them."""
+    try:
+        return loader(**options)
+    except ConfigError as error:
+        if "--dataset-option" in str(error) or not options:
+            raise
+        raise ConfigError(f"--dataset-option for dataset {name!r}: {error}") from error
+    except (TypeError, ValueError, AssertionError, ZeroDivisionError, OverflowError, IndexError) as error:
+        given = " ".join(f"{k}={v}" for k, v in options.items()) or "none"
+        reason = " ".join(str(error).split())[:200] or type(error).__name__
+        raise ConfigError(f"--dataset-option for dataset {name!r} (given: {given}) is not valid: "
+                          f"{reason}") from error
 
 
 class FederatedData:

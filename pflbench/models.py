@@ -173,8 +173,10 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
                               "name, --weights FILE, or --backbone public")
         try:
             return MODELS.get(name)(input_shape, num_classes, **options)
-        except TypeError as error:
-            raise ConfigError(f"--model-option for {name!r}: {error}") from error
+        except ConfigError:
+            raise
+        except (TypeError, ValueError, RuntimeError, AssertionError, ZeroDivisionError) as error:
+            raise _model_option_error(name, options, error) from error
     import timm
 
     if not timm.is_model(name):
@@ -191,16 +193,28 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
             return timm.create_model(name, img_size=height, **kwargs)
         except TypeError:
             return timm.create_model(name, **kwargs)
-    except TypeError as error:
-        raise ConfigError(f"--model-option for {name!r}: {error}") from error
+    except ConfigError:
+        raise
+    except (TypeError, ValueError, AssertionError, ZeroDivisionError) as error:
+        raise _model_option_error(name, options, error) from error
     except (OSError, RuntimeError) as error:
         if not pretrained:
+            if isinstance(error, RuntimeError):
+                raise _model_option_error(name, options, error) from error
             raise
         raise ConfigError(
             f"--pretrained: could not load timm hub weights for {name!r} ({type(error).__name__}); "
             "offline, pretrain a backbone on a public fraction of the data instead "
             "(`pflbench pretrain`, or run with --backbone public --public-frac 0.2) or pass "
             "--weights FILE") from error
+
+
+def _model_option_error(name: str, options: dict[str, Any], error: BaseException) -> ConfigError:
+    """A model constructor's failure on its options, as one usage error naming them."""
+    given = " ".join(f"{k}={v}" for k, v in options.items() if k != "patch_size") or "none"
+    reason = " ".join(str(error).split())[:200] or type(error).__name__
+    return ConfigError(f"--model-option for model {name!r} (given: {given}) does not build a model: "
+                       f"{reason}")
 
 
 def load_weights(model: nn.Module, path: str | Path) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """One folder per run: config.json, partition.json, rounds.jsonl, clients.csv, summary.json.
 
-``summary.json`` is written last and atomically: a folder without it is an unfinished run
-that leaderboards skip.
+The writer fills the run's work folder (``rundir``: ``OUT/runs/.tmp-NAME``), which is moved to
+``OUT/runs/NAME`` once summary.json is written: a folder with summary.json is a whole run.
+summary.json's ``status`` is ``completed`` or ``diverged``.
 """
 from __future__ import annotations
 
@@ -27,18 +28,37 @@ def _clean(value: Any) -> Any:
 
 
 def write_json(path: Path, data: Any) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(_clean(data), indent=2, sort_keys=False) + "\n")
-    os.replace(temporary, path)
+    """Atomically (a uniquely named temporary file, fsync, ``os.replace``): concurrent writers
+    of one file never interleave, a reader never sees half a file."""
+    from .cache import atomic_write
+
+    text = (json.dumps(_clean(data), indent=2, sort_keys=False) + "\n").encode()
+    atomic_write(Path(path), lambda file: file.write(text))
+
+
+def read_rounds(path: Path, count: int) -> list[dict[str, Any]]:
+    """The first ``count`` records of a rounds.jsonl (a resumed run's earlier rounds)."""
+    lines = path.read_text().splitlines()[:count]
+    if len(lines) < count:
+        raise ValueError(f"{path} has {len(lines)} complete rounds, the checkpoint counts {count}")
+    return [json.loads(line) for line in lines]
 
 
 class RunWriter:
-    def __init__(self, run_dir: Path) -> None:
+    """Writes the files of one run into ``run_dir`` (a fresh work folder, or a resumed one whose
+    rounds.jsonl keeps its first ``keep_rounds`` lines)."""
+
+    def __init__(self, run_dir: Path, keep_rounds: int | None = None) -> None:
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in ("summary.json", "rounds.jsonl", "clients.csv"):
-            (run_dir / stale).unlink(missing_ok=True)
-        self._rounds = open(run_dir / "rounds.jsonl", "w")
+        rounds = run_dir / "rounds.jsonl"
+        if keep_rounds is None:
+            self._rounds = open(rounds, "w")
+        else:
+            lines = rounds.read_text().splitlines(keepends=True)[:keep_rounds]
+            self._rounds = open(rounds, "w")
+            self._rounds.writelines(lines)
+            self._rounds.flush()
 
     def write_config(self, config: dict[str, Any]) -> None:
         write_json(self.run_dir / "config.json", config)
@@ -50,6 +70,11 @@ class RunWriter:
         self._rounds.write(json.dumps(_clean(record)) + "\n")
         self._rounds.flush()
 
+    def sync(self) -> None:
+        if not self._rounds.closed:
+            self._rounds.flush()
+            os.fsync(self._rounds.fileno())
+
     def write_clients(self, rows: list[dict[str, Any]]) -> None:
         with open(self.run_dir / "clients.csv", "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
@@ -57,7 +82,7 @@ class RunWriter:
             writer.writerows(_clean(rows))
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        self._rounds.close()
+        self.close()
         write_json(self.run_dir / "summary.json", summary)
 
     def close(self) -> None:

@@ -4,7 +4,9 @@ federation's rounds with the result writer (and any other observers) watching.""
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -19,7 +21,9 @@ from . import __version__
 from .config import (PartitionSpec, RunConfig, hyperparameters_from, identity_hash, resolve, run_identity,
                      run_name, validate, with_base_defaults)
 from .data import FederatedData, TensorDataset, load_dataset
-from .engine import EXECUTORS, Algorithm, Executor, Federation, Observer, RunObserver
+from .cache import warn
+from .checkpoint import CHECKPOINT_FILE, CheckpointObserver, load_checkpoint, restore_checkpoint
+from .engine import EXECUTORS, Algorithm, Diverged, Executor, Federation, Observer, RunObserver
 from .engine.observers import RoundCallback
 from .errors import ConfigError
 from .metrics import summarize
@@ -28,7 +32,8 @@ from .partition import partition, partition_stats, split_train_test
 from .partition_io import fit_num_clients, preset_partition
 from .pretrain import initial_weights, load_initial_weights, public_split
 from .registry import ALGORITHMS
-from .results import RunWriter
+from .results import RunWriter, read_rounds
+from .rundir import Claim, RunPaths, fresh_work_folder, guard_run, publish, read_json, writing
 from .seeding import derive_seed, rng_stream
 
 
@@ -114,12 +119,14 @@ def check_model(config: RunConfig, algorithm_class: type[Algorithm], hparams: An
 
 
 def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None,
-            shared_defaults: dict[str, Any] | None = None) -> PreparedRun:
+            shared_defaults: dict[str, Any] | None = None,
+            guard: Callable[[Path], None] | None = None) -> PreparedRun:
     """Resolve, validate and build everything; nothing is written yet.
 
     Unset settings (``None``) take the algorithm's run defaults (``Algorithm.run_defaults``), then
     ``shared_defaults`` (a sweep's), then ``config.BASE_DEFAULTS`` — identically for the CLI,
-    sweeps and library calls."""
+    sweeps and library calls. ``guard(run_dir)`` is called as soon as the run's folder is known,
+    before the partition and any pretraining (e.g. ``rundir.guard_run``: refuse a finished run)."""
     algorithm_class = ALGORITHMS.get(config.algo)
     hparams = hyperparameters_from(algorithm_class.hyperparameters, dict(algo_options or {}), config.algo)
     config, applied = resolve(config, algorithm_class, hparams, shared_defaults)
@@ -137,6 +144,9 @@ def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None,
     # a preset partition sets K; a --num-clients other than the default must agree with it
     explicit = {"num_clients"} if config.num_clients != RunConfig.num_clients else set()
     config = fit_num_clients(config, dataset, explicit)
+    run_dir = Path(config.out) / "runs" / run_name(config, algorithm_class, hparams)
+    if guard is not None:
+        guard(run_dir)
     split = make_partition(config.partition_spec, dataset)
     if config.init_spec.pretrains(lora_rank is not None):
         check_model(config, algorithm_class, hparams, dataset)
@@ -150,7 +160,6 @@ def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None,
     data = FederatedData(dataset, split.train, split.test, device)
     algorithm = algorithm_class(config, hparams, model, data.num_train)
     executor = EXECUTORS[config.executor](model, data)
-    run_dir = Path(config.out) / "runs" / run_name(config, algorithm_class, hparams)
     return PreparedRun(config, algorithm, executor, split, dataset, data, run_dir, resolved)
 
 
@@ -190,61 +199,144 @@ def config_record(prepared: PreparedRun, plugins: tuple[str, ...] = ()) -> dict[
 
 
 class WriterObserver(Observer):
-    """Writes config.json and partition.json at the start and one rounds.jsonl line per round."""
+    """Keeps the round records and writes one rounds.jsonl line per round."""
 
-    def __init__(self, prepared: PreparedRun, plugins: tuple[str, ...]) -> None:
-        self.prepared, self.plugins = prepared, plugins
-        self.records: list[dict[str, Any]] = []
-        self.writer = RunWriter(prepared.run_dir)
-
-    def on_run_start(self, run: Any) -> None:
-        self.writer.write_config(config_record(self.prepared, self.plugins))
-        self.writer.write_partition(self.prepared.partition.to_json())
+    def __init__(self, writer: RunWriter, records: list[dict[str, Any]]) -> None:
+        self.writer, self.records = writer, records
 
     def on_round_end(self, record: dict[str, Any]) -> None:
         self.records.append(record)
         self.writer.write_round(record)
 
 
-def execute(prepared: PreparedRun, on_round: Callable[[dict[str, Any]], None] | None = None,
-            plugins: tuple[str, ...] = (), observers: Sequence[RunObserver] = ()) -> dict[str, Any]:
-    """Run the rounds, writing every file of the run folder; returns the summary."""
-    writer = WriterObserver(prepared, plugins)
-    observers = [writer, *observers, *([RoundCallback(on_round)] if on_round else [])]
-    federation = Federation(prepared.algorithm, prepared.executor, prepared.data.num_test, observers)
-    for observer in observers:
-        observer.on_run_start(prepared)
+class RunDiverged(RuntimeError):
+    """The run stopped on a non-finite loss or parameter; its partial results were kept."""
+
+    def __init__(self, summary: dict[str, Any]) -> None:
+        self.summary = summary
+        d = summary["diverged"]
+        where = f"client {d['client']}, " if d["client"] is not None else ""
+        super().__init__(f"run diverged at round {d['round']} ({where}{d['term']} is not finite); "
+                         f"partial results with status 'diverged' in {summary['run_dir']}")
+
+
+class _KillAfterRound(Observer):
+    """Test hook (``PFLBENCH_TEST_KILL_AFTER_ROUND=r``): SIGKILL this process after round r."""
+
+    def __init__(self, round_index: int) -> None:
+        self.round = round_index
+
+    def on_round_end(self, record: dict[str, Any]) -> None:
+        if record["round"] == self.round:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _start(prepared: PreparedRun, federation: Federation, paths: RunPaths, identity: str,
+           resume: bool, plugins: tuple[str, ...]) -> tuple[RunWriter, list[dict[str, Any]], dict[str, Any]]:
+    """Resume from the work folder's checkpoint (``resume``), else start an empty work folder."""
+    checkpoint = paths.work / CHECKPOINT_FILE
+    if not resume and checkpoint.is_file():
+        warn(f"{paths.work} holds an unfinished run with a checkpoint; starting it over "
+             "(--resume continues it)")
+    entry = load_checkpoint(checkpoint, identity) if resume and paths.work.is_dir() else None
+    if entry is not None:
+        tensors, meta = entry
+        try:
+            records = read_rounds(paths.work / "rounds.jsonl", meta["records"])
+        except (OSError, ValueError) as problem:
+            warn(f"cannot resume {paths.work}: {problem}; starting the run again")
+        else:
+            restore_checkpoint(federation, tensors, meta)
+            return RunWriter(paths.work, keep_rounds=meta["records"]), records, meta["before"]
+    writer = RunWriter(fresh_work_folder(paths))
+    writer.write_config(config_record(prepared, plugins))
+    writer.write_partition(prepared.partition.to_json())
     before: dict[str, Any] = {}
     if prepared.resolved["backbone"]["source"] != "random init":  # what fine-tuning starts from
         metrics, _ = federation.evaluate()
         before = {"backbone_pers_acc": metrics["pers_acc"], "backbone_global_acc": metrics["global_acc"]}
+    return writer, [], before
+
+
+def execute(prepared: PreparedRun, on_round: Callable[[dict[str, Any]], None] | None = None,
+            plugins: tuple[str, ...] = (), observers: Sequence[RunObserver] = (), *,
+            force: bool = False, resume: bool = False) -> dict[str, Any]:
+    """Run the rounds into ``OUT/runs/.tmp-NAME`` and move the folder to ``OUT/runs/NAME`` when
+    complete (``rundir``); returns the summary.
+
+    Refuses (ConfigError) a run that is finished (unless ``force``) or claimed by another live
+    process. ``resume``: continue from the work folder's checkpoint when there is one.
+    Raises ``RunDiverged`` (partial results kept, status ``diverged``) on a non-finite loss or
+    parameter."""
+    paths = RunPaths(prepared.run_dir)
+    guard_run(paths, force)
+    with Claim(paths) as claim, writing(paths.work):  # a full disk: "cannot write FILE: reason"
+        guard_run(paths, force, check_claim=False)  # finished by another process meanwhile?
+        return _execute_claimed(prepared, paths, claim, on_round, plugins, observers, resume)
+
+
+def _execute_claimed(prepared: PreparedRun, paths: RunPaths, claim: Claim,
+                     on_round: Callable[[dict[str, Any]], None] | None, plugins: tuple[str, ...],
+                     observers: Sequence[RunObserver], resume: bool) -> dict[str, Any]:
+    config = prepared.config
+    identity = identity_hash(run_identity(config, type(prepared.algorithm), prepared.algorithm.hparams))
+    done = read_json(paths.work / "summary.json") if resume else None
+    if isinstance(done, dict) and done.get("status") == "completed" and \
+            (read_json(paths.work / "config.json") or {}).get("identity_hash") == identity:
+        publish(paths)  # killed between writing summary.json and moving the folder into place
+        return done
+    federation = Federation(prepared.algorithm, prepared.executor, prepared.data.num_test)
+    writer, records, before = _start(prepared, federation, paths, identity, resume, plugins)
+    checkpointer = CheckpointObserver(paths.work / CHECKPOINT_FILE, federation, identity,
+                                      config.checkpoint_every, writer, before, claim)
+    kill_after = os.environ.get("PFLBENCH_TEST_KILL_AFTER_ROUND")
+    federation.observers = [WriterObserver(writer, records), checkpointer, *observers,
+                            *([RoundCallback(on_round)] if on_round else []),
+                            *([_KillAfterRound(int(kill_after))] if kill_after else [])]
+    for observer in federation.observers:
+        observer.on_run_start(prepared)
     started = time.perf_counter()
+
+    def base_summary() -> dict[str, Any]:
+        return {"algo": config.algo, "dataset": config.dataset, "alpha": config.alpha,
+                "partition": config.partition, "seed": config.seed, "num_clients": config.num_clients,
+                "model": config.model}
+
     try:
         client_accuracy = federation.run()
+    except Diverged as diverged:
+        summary = {"status": "diverged", "diverged": diverged.to_json(), **base_summary(),
+                   **summarize(records), **before, "wall_time_s": time.perf_counter() - started,
+                   "run_dir": str(paths.final)}
+        writer.write_summary(summary)
+        (paths.work / CHECKPOINT_FILE).unlink(missing_ok=True)
+        publish(paths)
+        raise RunDiverged(summary) from None
     finally:
-        writer.writer.close()
-    config = prepared.config
+        writer.close()
     stats = prepared.partition.stats
     report, client_columns = prepared.algorithm.final_report()
-    writer.writer.write_clients([
+    writer.write_clients([
         {"client": k, "train_samples": stats["train_samples"][k], "test_samples": stats["test_samples"][k],
          "classes": stats["classes_per_client"][k], "pers_acc": float(client_accuracy[k]),
          **({"pers_acc_ft": float(federation.finetune_accuracy[k])}
             if federation.finetune_accuracy is not None else {}),
          **{column: values[k] for column, values in client_columns.items()}}
         for k in range(config.num_clients)])
-    summary = {"algo": config.algo, "dataset": config.dataset, "alpha": config.alpha,
-               "partition": config.partition, "seed": config.seed, "num_clients": config.num_clients,
-               "model": config.model, **summarize(writer.records), **before, **report,
-               "wall_time_s": time.perf_counter() - started, "run_dir": str(prepared.run_dir)}
-    writer.writer.write_summary(summary)
-    for observer in observers:
+    summary = {"status": "completed", **base_summary(), **summarize(records), **before, **report,
+               "wall_time_s": time.perf_counter() - started, **checkpointer.report(),
+               "run_dir": str(paths.final)}
+    writer.write_summary(summary)
+    (paths.work / CHECKPOINT_FILE).unlink(missing_ok=True)
+    publish(paths)
+    for observer in federation.observers:
         observer.on_run_end(summary)
     return summary
 
 
 def run_experiment(config: RunConfig, algo_options: dict[str, Any] | None = None,
                    on_round: Callable[[dict[str, Any]], None] | None = None,
-                   observers: Sequence[RunObserver] = ()) -> dict[str, Any]:
+                   observers: Sequence[RunObserver] = (), *, force: bool = False,
+                   resume: bool = False) -> dict[str, Any]:
     """Library entry point: prepare (resolving unset settings as the CLI does) and execute."""
-    return execute(prepare(config, algo_options), on_round, observers=observers)
+    return execute(prepare(config, algo_options), on_round, observers=observers, force=force, resume=resume)

@@ -1,8 +1,11 @@
 """Sweeps: a grid over algorithms × datasets × α × seeds × ``--set`` axes, run one by one.
 
-``expand_grid`` is a pure function (grid → list of runs, validated up front); ``run_sweep``
-executes them through ``runner.prepare/execute``. A run whose folder already holds
-``summary.json`` is skipped, so rerunning a sweep resumes it; a run that raises gets an
+``expand_grid`` is a pure function (grid → list of runs, validated up front), ``check_grid``
+builds each distinct dataset/partition/model once without training; ``run_sweep`` executes the
+runs through ``runner.prepare/execute``. A run whose folder already holds ``summary.json`` is
+skipped and an unfinished one resumes from its checkpoint, so rerunning a sweep resumes it; a
+run claimed by another live process (a concurrent sweep) is skipped and reported; a run that
+diverges keeps its partial results (status ``diverged``); a run that raises gets an
 ``error.json`` in its folder and the sweep goes on. Every algorithm sees the same partition and
 client sequence for a given seed because both are drawn from the seed's own random streams.
 """
@@ -23,7 +26,9 @@ from .config import RunConfig, field_types, hyperparameters_from, resolve, run_n
 from .errors import ConfigError
 from .registry import ALGORITHMS, DATASETS
 from .results import write_json
-from .runner import execute, prepare, resolve_device
+from .config import run_identity
+from .rundir import RunClaimed, RunFinished, RunPaths, guard_run
+from .runner import RunDiverged, execute, prepare, resolve_device
 
 GRID_FIELDS = ("algo", "dataset", "alpha", "seed")
 NOT_AXES = (*GRID_FIELDS, "out")
@@ -203,10 +208,14 @@ def sweep_record_path(out: str | Path, grid: Grid, base: RunConfig) -> Path:
     digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
     stem = Path(out) / "sweeps" / f"{time.strftime('%Y%m%d-%H%M%S')}-{digest}"
     path, attempt = stem.with_suffix(".json"), 1
-    while path.exists():  # two sweeps of the same grid within one second
-        attempt += 1
-        path = stem.with_name(f"{stem.name}-{attempt}.json")
-    return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:  # reserve the name: two sweeps of the same grid within one second get two files
+        try:
+            with open(path, "x"):
+                return path
+        except FileExistsError:
+            attempt += 1
+            path = stem.with_name(f"{stem.name}-{attempt}.json")
 
 
 def _write_record(path: Path, grid: Grid, base: RunConfig, runs: list[SweepRun]) -> None:
@@ -216,7 +225,7 @@ def _write_record(path: Path, grid: Grid, base: RunConfig, runs: list[SweepRun])
 
 
 def count_statuses(runs: list[SweepRun]) -> dict[str, int]:
-    counts = {s: 0 for s in ("done", "skipped", "failed", "interrupted", "pending")}
+    counts = {s: 0 for s in ("done", "skipped", "claimed", "diverged", "failed", "interrupted", "pending")}
     for run in runs:
         counts[run.status] += 1
     return counts
@@ -231,9 +240,45 @@ def write_error(run: SweepRun, error: BaseException) -> None:
         "config": {**dataclasses.asdict(run.config), "algo_options": run.algo_options}})
 
 
+def check_grid(runs: list[SweepRun]) -> None:
+    """Build each distinct dataset, partition and (configured) model of the grid once, without
+    training, so a bad dataset/model option or an impossible partition refuses the whole grid
+    before any folder is created."""
+    from .data import load_dataset
+    from .partition_io import fit_num_clients
+    from .runner import check_model, make_partition
+
+    datasets: dict[str, Any] = {}
+    seen: set[str] = set()
+    for run in runs:
+        config = run.config
+        data_key = json.dumps([config.dataset, config.dataset_options()], sort_keys=True, default=str)
+        if data_key not in datasets:
+            datasets[data_key] = load_dataset(config.dataset, config.dataset_options())
+        dataset = datasets[data_key]
+        explicit = {"num_clients"} if config.num_clients != RunConfig.num_clients else set()
+        config = fit_num_clients(config, dataset, explicit)
+        algorithm = ALGORITHMS.get(config.algo)
+        hparams = hyperparameters_from(algorithm.hyperparameters, dict(run.algo_options), config.algo)
+        identity = run_identity(config, algorithm, hparams)
+        partition_key = json.dumps([data_key, config.partition_spec.identity(), config.seed,
+                                    config.partition_file], sort_keys=True, default=str)
+        if partition_key not in seen:
+            seen.add(partition_key)
+            make_partition(config, dataset)
+        model_key = json.dumps([data_key, {k: v for k, v in identity.items()
+                                           if k in ("algo", "model", "model_options", "head_layers", "algo_hparams")
+                                           or k.startswith("lora")}], sort_keys=True, default=str)
+        if model_key not in seen:
+            seen.add(model_key)
+            check_model(config, algorithm, hparams, dataset)
+
+
 def run_one(run: SweepRun, plugins: tuple[str, ...]) -> dict[str, Any]:
+    """Run (or resume from its checkpoint) one cell of the grid."""
     (run.run_dir / "error.json").unlink(missing_ok=True)
-    return execute(prepare(run.config, run.algo_options), plugins=plugins)
+    guard = lambda run_dir: guard_run(RunPaths(run_dir), force=False)  # noqa: E731
+    return execute(prepare(run.config, run.algo_options, guard=guard), plugins=plugins, resume=True)
 
 
 def run_sweep(runs: list[SweepRun], record: Path, grid: Grid, base: RunConfig, plugins: tuple[str, ...] = (),
@@ -253,6 +298,12 @@ def run_sweep(runs: list[SweepRun], record: Path, grid: Grid, base: RunConfig, p
             try:
                 summary = run_one(run, plugins)
                 run.status = "done"
+            except RunFinished:  # finished by a concurrent sweep meanwhile
+                run.status = "skipped"
+            except RunClaimed as error:  # a concurrent sweep is running it now
+                run.status, run.error = "claimed", str(error)
+            except RunDiverged as error:
+                run.status, run.error = "diverged", str(error)
             except KeyboardInterrupt:
                 run.status = "interrupted"
                 _write_record(record, grid, base, runs)

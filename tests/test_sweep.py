@@ -71,19 +71,32 @@ def invoke(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def test_sweep_records_failures_shares_partitions_and_skips_on_rerun(tmp_path: Path) -> None:
+def test_sweep_records_failures_shares_partitions_and_skips_on_rerun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     args = ["sweep", "--algos", "fedavg,fedprox", "--seeds", "0,1", "--alphas", "0.3", "--frac", "0.5",
             "--set", "num_clients=4,400", "--set", "mu=0.1", "--model", "mlp", "--rounds", "2", "--quiet",
             "--out", str(tmp_path)]
+    # an impossible partition in one cell refuses the whole grid up front, before any folder
+    code, output = invoke(*args)
+    assert code == 2 and "400 clients" in output and output.count("\n") == 1, output
+    assert not any(tmp_path.iterdir())
+    args[args.index("num_clients=4,400")] = "num_clients=4,5"
+    real_run_one = sweep.run_one
+
+    def fail_with_5_clients(run, plugins):
+        if run.config.num_clients == 5:
+            raise RuntimeError("5 clients broke it")
+        return real_run_one(run, plugins)
+
+    monkeypatch.setattr(sweep, "run_one", fail_with_5_clients)
     code, output = invoke(*args)
     assert code == 1, output
-    assert "4 done, 0 skipped (already finished), 4 failed" in output
+    assert "4 done, 0 skipped (already finished), 0 skipped (running elsewhere), 0 diverged, 4 failed" in output
     runs = tmp_path / "runs"
     failed = sorted(p for p in runs.iterdir() if (p / "error.json").is_file())
     assert len(failed) == 4 and not any((p / "summary.json").exists() for p in failed)
     error = json.loads((failed[0] / "error.json").read_text())
-    assert error["error_type"] == "ConfigError" and "400 clients" in error["message"]
-    assert "Traceback" in error["traceback"] and error["config"]["num_clients"] == 400
+    assert error["error_type"] == "RuntimeError" and "5 clients" in error["message"]
+    assert "Traceback" in error["traceback"] and error["config"]["num_clients"] == 5
     (record,) = (tmp_path / "sweeps").iterdir()
     statuses = [r["status"] for r in json.loads(record.read_text())["runs"]]
     assert sorted(statuses) == ["done"] * 4 + ["failed"] * 4
@@ -98,7 +111,7 @@ def test_sweep_records_failures_shares_partitions_and_skips_on_rerun(tmp_path: P
     mtimes = {p: (p / "summary.json").stat().st_mtime_ns for p in runs.iterdir() if (p / "summary.json").exists()}
 
     code, output = invoke(*args)
-    assert code == 1 and "0 done, 4 skipped (already finished), 4 failed" in output, output
+    assert code == 1 and "0 done, 4 skipped (already finished), 0 skipped (running elsewhere), 0 diverged, 4 failed" in output, output
     assert {p: (p / "summary.json").stat().st_mtime_ns for p in mtimes} == mtimes
     assert len(list((tmp_path / "sweeps").iterdir())) == 2
 
@@ -121,10 +134,10 @@ def test_interrupted_sweep_resumes_with_only_the_missing_runs(tmp_path: Path, mo
     the_grid = Grid(("fedavg",), ("digits",), (0.5,), (0, 1))
     real_execute = sweep.execute
 
-    def ctrl_c_in_seed_1(prepared, on_round=None, plugins=()):
+    def ctrl_c_in_seed_1(prepared, on_round=None, plugins=(), **flags):
         def stop(record: dict) -> None:
             raise KeyboardInterrupt
-        return real_execute(prepared, stop if prepared.config.seed == 1 else on_round, plugins)
+        return real_execute(prepared, stop if prepared.config.seed == 1 else on_round, plugins, **flags)
 
     monkeypatch.setattr(sweep, "execute", ctrl_c_in_seed_1)
     runs = expand_grid(base, the_grid)
@@ -133,8 +146,8 @@ def test_interrupted_sweep_resumes_with_only_the_missing_runs(tmp_path: Path, mo
         run_sweep(runs, record, the_grid, base)
     assert [r.status for r in runs] == ["done", "interrupted"]
     assert [r["status"] for r in json.loads(record.read_text())["runs"]] == ["done", "interrupted"]
-    partial = runs[1].run_dir
-    assert (partial / "rounds.jsonl").read_text().count("\n") == 1 and not (partial / "summary.json").exists()
+    partial = runs[1].run_dir.with_name(".tmp-" + runs[1].name)  # unfinished: only the work folder
+    assert (partial / "rounds.jsonl").read_text().count("\n") == 1 and not runs[1].run_dir.exists()
     with pytest.warns(RunFolderWarning, match="unfinished run"):
         assert load_runs(tmp_path)["run"].nunique() == 1
 
@@ -142,7 +155,7 @@ def test_interrupted_sweep_resumes_with_only_the_missing_runs(tmp_path: Path, mo
     runs = expand_grid(base, the_grid)
     run_sweep(runs, record, the_grid, base)
     assert [r.status for r in runs] == ["skipped", "done"]
-    assert (partial / "summary.json").is_file()
+    assert (runs[1].run_dir / "summary.json").is_file() and not partial.exists()
 
 
 def test_lora_grid_gives_every_run_the_lora_defaults_unless_set() -> None:

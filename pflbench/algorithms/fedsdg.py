@@ -238,6 +238,8 @@ class FedSDG(Algorithm[FedSDGHyperparameters]):
         attach_gates(model)
         return {"lora": {"rank": rank, "alpha": config.lora_alpha, "adapted_layers": adapted}}
 
+    checkpoint_attributes = ("fallbacks", "_last_weights")
+
     def __init__(self, config: RunConfig, hparams: FedSDGHyperparameters, model: nn.Module,
                  num_train: list[int]) -> None:
         self.block_names = [name for name, module in model.named_modules() if isinstance(module, BlockGate)]

@@ -178,6 +178,7 @@ class FlexLoRA(Algorithm[FlexLoRAHyperparameters]):
     paper = "Bai et al., NeurIPS 2024"
     hyperparameters = FlexLoRAHyperparameters
     program_class = FlexLoRAProgram
+    checkpoint_attributes = ("diagnostics",)
 
     @classmethod
     def lora_rank(cls, config: RunConfig, hparams: FlexLoRAHyperparameters) -> int:

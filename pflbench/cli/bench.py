@@ -34,14 +34,25 @@ def _sweep_callback(algos: str, datasets: str, alphas: str, seeds: str, sets: tu
                     quiet: bool, plugin: tuple[str, ...], **values: Any) -> int:
     from pathlib import Path
 
-    from ..sweep import Grid, count_statuses, expand_grid, run_sweep, split_values, sweep_record_path
+    from ..config import hyperparameters_from
+    from ..registry import ALGORITHMS
+    from ..rundir import check_writable
+    from ..sweep import (Grid, check_grid, count_statuses, expand_grid, run_sweep, split_values,
+                         sweep_record_path)
+    from .options import refuse_inert_options
 
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
     base = RunConfig(**{k: v for k, v in values.items() if k in run_fields})
+    check_writable(base.out)
+    check_writable(Path(base.out) / "runs")
     grid = Grid(split_values(algos, str, "--algos"), split_values(datasets, str, "--datasets"),
                 split_values(alphas, float, "--alphas"), split_values(seeds, int, "--seeds"),
                 _sweep_axes(sets, values, run_fields))
     runs = expand_grid(base, grid)  # every cell resolved like a run; LoRA grids share LoRA defaults
+    refuse_inert_options([(run.config, hyperparameters_from(ALGORITHMS.get(run.config.algo).hyperparameters,
+                                                            dict(run.algo_options), run.config.algo))
+                          for run in runs])
+    check_grid(runs)  # each distinct dataset/partition/model built once: bad options refuse the grid
     record = sweep_record_path(base.out, grid, base)
 
     def report(index: int, run: Any, summary: dict[str, Any] | None) -> None:
@@ -49,8 +60,14 @@ def _sweep_callback(algos: str, datasets: str, alphas: str, seeds: str, sets: tu
             return
         if summary is not None:
             detail = f"done, pers_acc {summary['pers_acc']:.4f}, {summary['wall_time_s']:.1f}s"
+        elif run.status == "skipped":
+            detail = "skipped (already finished)"
+        elif run.status == "claimed":
+            detail = f"skipped ({run.error})"
+        elif run.status == "diverged":
+            detail = f"DIVERGED ({run.error})"
         else:
-            detail = "skipped (already finished)" if run.status == "skipped" else f"FAILED {run.error}"
+            detail = f"FAILED {run.error}"
         click.echo(f"[{index + 1}/{len(runs)}] {run.describe()}: {detail}")
 
     if not quiet:
@@ -65,18 +82,25 @@ def _sweep_callback(algos: str, datasets: str, alphas: str, seeds: str, sets: tu
         raise
     counts = count_statuses(runs)
     click.echo(f"sweep: {counts['done']} done, {counts['skipped']} skipped (already finished), "
+               f"{counts['claimed']} skipped (running elsewhere), {counts['diverged']} diverged, "
                f"{counts['failed']} failed; record: {record}")
     for run in runs:
         if run.status == "failed":
             click.echo(f"  failed {run.name}: {run.error} (see {run.run_dir / 'error.json'})", err=True)
-    return 1 if counts["failed"] else 0
+        elif run.status == "diverged":
+            click.echo(f"  diverged {run.name}: {run.error}", err=True)
+        elif run.status == "claimed":
+            click.echo(f"  not run {run.name}: {run.error}")
+    return 1 if counts["failed"] or counts["diverged"] else 0
 
 
 sweep = RunCommand(
     "sweep", callback=_sweep_callback,
     help="Run a grid of experiments: algorithms × datasets × α × seeds × --set axes.\n\n"
-         "Every other option is shared by all runs. Runs already finished in --out are skipped, so "
-         "rerunning the command resumes the sweep; a failed run gets error.json in its folder and "
+         "Every other option is shared by all runs. Runs already finished in --out are skipped and "
+         "unfinished ones continue from their checkpoint, so rerunning the command resumes the sweep; "
+         "runs another live process is running are skipped; a diverged run keeps its partial "
+         "results (status diverged, exit code 1); a failed run gets error.json in its folder and "
          "the sweep goes on (exit code 1 at the end). The sweep's grid and each run's status go to "
          "OUT/sweeps/<time>-<hash>.json.\n\n"
          "\b\nExample:\n  pflbench sweep --algos fedavg,fedprox --alphas 0.1,1 --seeds 0,1,2 --set mu=0.01,0.1",
@@ -155,14 +179,16 @@ def leaderboard_command(dirs: tuple[str, ...], metric: str, fmt: str, extra: str
     from ..sweep import split_values
     from ..tables import FORMATS
 
+    from ..rundir import check_writable, writing
+
     if fmt == "all" and output is None:
         raise ConfigError("--format all writes one file per format; give --output FOLDER")
     renames = parse_renames(rename)
-    for folder in ([Path(plots)] if plots else []) + ([Path(output).parent] if output else []):
-        try:  # unwritable targets are an error before any work or output
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise ConfigError(f"cannot write {folder}: {error.strerror or error}") from None
+    if output is not None:  # unwritable targets are an error before any work or output
+        into = fmt == "all" or Path(output).is_dir() or not Path(output).suffix
+        check_writable(output, kind="folder" if into else "file")
+    if plots:
+        check_writable(plots)
     frame = load_runs(dirs, warn=lambda message: click.echo(f"warning: {message}", err=True),
                       include_abnormal=include_diverged)
     if frame.empty:
@@ -181,5 +207,7 @@ def leaderboard_command(dirs: tuple[str, ...], metric: str, fmt: str, extra: str
             _write_text(path, render(table))
             click.echo(f"wrote {path}")
     if plots:
-        for path in write_plots(frame, metric, plots, renames):
+        with writing(plots):
+            written = write_plots(frame, metric, plots, renames)
+        for path in written:
             click.echo(f"plot: {path}")

@@ -82,6 +82,52 @@ def _load_plugins_from(args: list[str]) -> tuple[str, ...]:
     return tuple(paths)
 
 
+def inert_settings(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dict[str, str]:
+    """The settings a resolved run would not read, each with why: given explicitly they are
+    refused (``--momentum`` with Adam, LoRA options without LoRA, ...), never recorded as if
+    they applied. (``run_identity`` leaves them out.)"""
+    lora = algorithm.lora_rank(config, hyperparameters) is not None
+    inert: dict[str, str] = {}
+    if config.optimizer is not None and config.optimizer != "sgd":
+        inert["momentum"] = f"--optimizer {config.optimizer} has no momentum (use --optimizer sgd)"
+    if not lora:
+        for name in ("lora_alpha", "lora_targets"):
+            inert[name] = f"--algo {config.algo} without --lora-rank trains no LoRA layers"
+    if not (getattr(algorithm, "uses_head_layers", False) or lora):
+        inert["head_layers"] = f"--algo {config.algo} has no private head (fedper, fedrep or LoRA runs use it)"
+    partitioned_here = config.partition_file is None
+    if partitioned_here and config.partition != "shards":
+        inert["shards_per_client"] = f"--partition {config.partition} has no shards (use --partition shards)"
+    if partitioned_here and not config.partition.startswith("dirichlet"):
+        inert["alpha"] = f"--partition {config.partition} has no concentration α (use --partition dirichlet)"
+    if partitioned_here and config.partition != "dirichlet":
+        inert["dirichlet_cut"] = f"--partition {config.partition} is not dirichlet"
+    if not config.init_spec.pretrains(lora):
+        for name in ("pretrain_epochs", "pretrain_lr"):
+            inert[name] = "this run pretrains no backbone (LoRA runs or --backbone public do)"
+    return inert
+
+
+def explicit_options(names: Any) -> set[str]:
+    """Which of ``names`` the user gave on the command line (not defaults)."""
+    from click.core import ParameterSource
+
+    context = click.get_current_context()
+    return {n for n in names if context.get_parameter_source(n) is ParameterSource.COMMANDLINE}
+
+
+def refuse_inert_options(configs: list[tuple[RunConfig, Any]]) -> None:
+    """ConfigError for an option given on the command line that no run of ``configs`` (resolved
+    config, hyperparameters) would read."""
+    inert: dict[str, str] | None = None
+    for config, hparams in configs:
+        found = inert_settings(config, ALGORITHMS.get(config.algo), hparams)
+        inert = found if inert is None else {k: v for k, v in inert.items() if k in found}
+    for name in sorted(explicit_options(inert or {})):
+        value = getattr(configs[0][0], name)
+        raise ConfigError(f"{_flag(name)} {value} would be ignored: {inert[name]}; leave it out")
+
+
 class RunCommand(click.Command):
     """``run`` gains each registered algorithm's hyperparameters as options (after --plugin)."""
 
@@ -106,7 +152,11 @@ class PflbenchGroup(click.Group):
             code = result if isinstance(result, int) else 0
         except (click.ClickException, ConfigError) as error:
             message = error.format_message() if isinstance(error, click.ClickException) else str(error)
-            click.echo(f"Error: {message}", err=True)
+            click.echo(f"Error: {' '.join(message.split())}", err=True)
+            code = 2
+        except OSError as error:  # outputs are checked up front; what slips through is still one line
+            where = f"{error.filename}: " if error.filename is not None else ""
+            click.echo(f"Error: {where}{error.strerror or error}", err=True)
             code = 2
         except click.Abort:
             click.echo("Aborted!", err=True)

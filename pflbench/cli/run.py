@@ -18,22 +18,40 @@ PARTITION_FIELDS = ("dataset", "dataset_option", "data_dir", "partition", "alpha
                     "dirichlet_cut", "partition_file")
 
 
-def _run_callback(quiet: bool, plugin: tuple[str, ...], **values: Any) -> None:
-    from ..runner import execute, prepare
+def _run_callback(quiet: bool, plugin: tuple[str, ...], force: bool, resume: bool, **values: Any) -> int:
+    from pathlib import Path
+
+    from ..config import hyperparameters_from, resolve
+    from ..rundir import RunPaths, check_writable, guard_run
+    from ..runner import RunDiverged, execute, prepare
+    from .options import refuse_inert_options
 
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
     config = RunConfig(**{k: v for k, v in values.items() if k in run_fields})
     algo_options = {k: v for k, v in values.items() if k not in run_fields and v is not None}
-    prepared = prepare(config, algo_options)  # unset settings take the algorithm's run defaults
-    if quiet:
-        summary = execute(prepared, plugins=plugin)
-    else:
-        summary = _execute_with_progress(prepared, plugin, execute)
+    check_writable(config.out)
+    check_writable(Path(config.out) / "runs")
+    algorithm_class = ALGORITHMS.get(config.algo)
+    hparams = hyperparameters_from(algorithm_class.hyperparameters, dict(algo_options), config.algo)
+    resolved, _ = resolve(config, algorithm_class, hparams)
+    refuse_inert_options([(resolved, hparams)])
+    # unset settings take the algorithm's run defaults; a finished or claimed run is refused
+    # before the partition and any pretraining
+    prepared = prepare(config, algo_options, guard=lambda run_dir: guard_run(RunPaths(run_dir), force))
+    try:
+        if quiet:
+            summary = execute(prepared, plugins=plugin, force=force, resume=resume)
+        else:
+            summary = _execute_with_progress(prepared, plugin, execute, force=force, resume=resume)
+    except RunDiverged as diverged:
+        click.echo(f"Error: {diverged}", err=True)
+        return 1
     if "backbone_pers_acc" in summary:
         backbone = prepared.resolved["backbone"]
         click.echo(f"before fine-tuning: pers_acc {summary['backbone_pers_acc']:.4f}; backbone "
                    f"{backbone['source']}; head {backbone['head']}")
     click.echo(_summary_line(summary))
+    return 0
 
 
 class ProgressObserver:
@@ -58,7 +76,7 @@ class ProgressObserver:
         pass
 
 
-def _execute_with_progress(prepared: Any, plugin: tuple[str, ...], execute: Any) -> dict[str, Any]:
+def _execute_with_progress(prepared: Any, plugin: tuple[str, ...], execute: Any, **flags: Any) -> dict[str, Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     config = prepared.config
@@ -66,7 +84,7 @@ def _execute_with_progress(prepared: Any, plugin: tuple[str, ...], execute: Any)
                TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn())
     with Progress(*columns, transient=False) as progress:
         task = progress.add_task(f"{config.algo} on {config.dataset}", total=config.rounds, status="")
-        return execute(prepared, plugins=plugin, observers=[ProgressObserver(progress, task)])
+        return execute(prepared, plugins=plugin, observers=[ProgressObserver(progress, task)], **flags)
 
 
 def _summary_line(summary: dict[str, Any]) -> str:
@@ -81,9 +99,18 @@ def _summary_line(summary: dict[str, Any]) -> str:
 
 
 run_command = RunCommand(
-    "run", callback=_run_callback, help="Run one federated experiment and write its results folder.",
+    "run", callback=_run_callback, help="Run one federated experiment and write its results folder OUT/runs/<name>/ (built in "
+         "OUT/runs/.tmp-<name>/ and moved into place when complete).\n\nExit code 0: completed; 1: "
+         "diverged (a non-finite loss or parameter; partial results kept with status diverged); "
+         "2: bad input, or a finished run without --force (one Error: line, nothing written).",
     params=[*dataclass_options(RunConfig),
             click.Option(["--quiet", "-q"], is_flag=True, help="No progress bar."),
+            click.Option(["--force"], is_flag=True,
+                         help="Redo a run that already finished in --out (the earlier result is "
+                              "replaced only when the new run completes)."),
+            click.Option(["--resume"], is_flag=True,
+                         help="Continue an unfinished run of the same settings from its last "
+                              "checkpoint (see --checkpoint-every); without one, start it anew."),
             click.Option(["--plugin"], multiple=True, type=str,
                          help="Python file that registers an algorithm/dataset/model (repeatable).")])
 
@@ -100,11 +127,11 @@ def list_command(kind: str | None, plugin: tuple[str, ...]) -> None:
         load_plugin_file(path)
     registries = {"algorithms": ALGORITHMS, "datasets": DATASETS, "models": MODELS,
                   "partitioners": PARTITIONERS}
-    for name, registry in registries.items():
-        if kind not in (None, name):
-            continue
+    listed = {name: describe(registry, plugin) for name, registry in registries.items()
+              if kind in (None, name)}  # plugins load (or fail) before anything is printed
+    for name, items in listed.items():
         click.echo(f"{name}:")
-        for item_name, line in describe(registry, plugin).items():
+        for item_name, line in items.items():
             click.echo(f"  {item_name:<18} {line}")
         if name == "models":
             click.echo(f"  {'<timm name>':<18} any timm model, e.g. vit_tiny_patch16_224, resnet18")
@@ -123,8 +150,13 @@ def partition_command(plot: str | None, save: str | None, export: str | None, **
     from ..data import load_dataset
     from ..partition_io import export_partition, fit_num_clients, partition_document
     from ..results import write_json
+    from ..rundir import check_writable, writing
     from ..runner import make_partition
 
+    for path in (save, export, plot):
+        if path:
+            check_writable(path, kind="file")
+    refuse_partition_inert(values)
     config = RunConfig(**values)
     config = with_base_defaults(config)
     validate(config)
@@ -149,17 +181,32 @@ def partition_command(plot: str | None, save: str | None, export: str | None, **
     if save:
         from pathlib import Path
 
-        write_json(Path(save), {"config": dataclasses.asdict(config), **split.to_json()})
+        with writing(save):
+            write_json(Path(save), {"config": dataclasses.asdict(config), **split.to_json()})
         click.echo(f"saved {save}")
     if export:
-        export_partition(export, partition_document(config, dataset, split.train, split.test, split.public))
+        with writing(export):
+            export_partition(export, partition_document(config, dataset, split.train, split.test, split.public))
         click.echo(f"exported {export}")
     if plot:
         from ..plots import plot_label_distribution
 
-        path = plot_label_distribution(stats["label_histogram"], plot,
-                                       title=f"{config.dataset}, {config.partition}, α={config.alpha:g}, K={config.num_clients}")
+        with writing(plot):
+            path = plot_label_distribution(stats["label_histogram"], plot,
+                                           title=f"{config.dataset}, {config.partition}, α={config.alpha:g}, K={config.num_clients}")
         click.echo(f"plot: {path}")
+
+
+def refuse_partition_inert(values: dict[str, Any]) -> None:
+    """The partition options the chosen partitioner would not read, given explicitly: refused."""
+    from ..errors import ConfigError
+    from .options import _flag, explicit_options, inert_settings
+
+    probe = RunConfig(**values)
+    inert = {k: v for k, v in inert_settings(probe, ALGORITHMS.get("fedavg"), None).items()
+             if k in PARTITION_FIELDS}
+    for name in sorted(explicit_options(inert)):
+        raise ConfigError(f"{_flag(name)} {values[name]} would be ignored: {inert[name]}; leave it out")
 
 
 partition_command.params[:0] = dataclass_options(RunConfig, PARTITION_FIELDS)

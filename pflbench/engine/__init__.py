@@ -15,7 +15,7 @@ from .algorithm import Algorithm, ClientProgram
 from .executor import EXECUTORS, Executor, SequentialExecutor
 from .local import (LocalResult, LocalTrainer, apply_gradients, build_optimizer, mean_terms,
                     standard_local_update)
-from .federation import Federation, mean_loss_terms
+from .federation import Diverged, Federation, mean_loss_terms
 from .observers import Observer, RunObserver
 from .personalize import FineTuneProgram, personalize
 from .state import ClientStateStore
@@ -24,7 +24,7 @@ from .types import (ClientJob, ClientUpdate, EvalJob, Forward, LocalPhase, NoHyp
                     tensor_bytes, weighted_average)
 
 __all__ = ["LocalResult", "LocalTrainer", "apply_gradients", "mean_terms", "standard_local_update", "Algorithm", "ClientProgram", "EXECUTORS", "Executor", "SequentialExecutor",
-           "build_optimizer", "Federation", "mean_loss_terms", "Observer", "RunObserver",
+           "build_optimizer", "Diverged", "Federation", "mean_loss_terms", "Observer", "RunObserver",
            "ClientStateStore", "FineTuneProgram", "personalize", "ClientJob", "ClientUpdate", "EvalJob", "Forward", "LocalPhase",
            "NoHyperparameters", "OptimizerSpec", "ParamGroup", "ParamLayout", "Tensors",
            "load_into", "sample_weights", "tensor_bytes", "weighted_average"]

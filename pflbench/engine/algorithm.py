@@ -95,6 +95,9 @@ class Algorithm(Generic[H]):
     # Per-client state that is not part of the model (control variates, a second model, ...)
     # must say whether the personal model is still the received/global one. See personal_model.
     personal_model_is_received: ClassVar[bool] = False
+    # Attributes that change across rounds besides global_state and the store (tensors or
+    # JSON-able values): saved in checkpoints so a resumed run continues exactly.
+    checkpoint_attributes: ClassVar[tuple[str, ...]] = ()
 
     # ---- set-up (class level, before any state exists) -----------------------------------
     @classmethod
@@ -215,6 +218,45 @@ class Algorithm(Generic[H]):
     def global_model(self) -> Tensors:
         """The server's global model (evaluated on every client's test split)."""
         return self.model_state(self.program.assemble(self.global_state, self.store.initial))
+
+    # ---- checkpoints ---------------------------------------------------------------------
+    def checkpoint_state(self) -> tuple[Tensors, dict[str, Any]]:
+        """The server state that changes across rounds: tensors and JSON-able metadata.
+
+        Default: ``global_state``, every stored client's private tensors and the attributes named
+        in ``checkpoint_attributes``. Override (with ``restore_state``) for other state, e.g. a
+        random stream the algorithm draws from across rounds."""
+        tensors = {f"global/{n}": t for n, t in self.global_state.items()}
+        for k in self.store.clients():
+            tensors.update({f"store/{k}/{n}": t for n, t in self.store.get(k).items()})
+        attributes: dict[str, Any] = {}
+        for name in self.checkpoint_attributes:
+            if hasattr(self, name):
+                value = getattr(self, name)
+                if isinstance(value, torch.Tensor):
+                    tensors[f"attr/{name}"] = value
+                else:
+                    attributes[name] = value
+        return tensors, {"store_clients": self.store.clients(), "attributes": attributes}
+
+    @torch.no_grad()
+    def restore_state(self, tensors: Tensors, meta: dict[str, Any]) -> None:
+        """Put back what ``checkpoint_state`` saved (tensors loaded on the CPU)."""
+        for name, tensor in self.global_state.items():
+            tensor.copy_(tensors[f"global/{name}"])
+        device = next(iter(self.initial_state.values())).device if self.initial_state else None
+        states: dict[int, Tensors] = {int(k): {} for k in meta["store_clients"]}
+        for key, tensor in tensors.items():
+            kind, _, rest = key.partition("/")
+            if kind == "store":
+                k, _, name = rest.partition("/")
+                states[int(k)][name] = tensor.to(device)
+            elif kind == "attr":
+                setattr(self, rest, tensor.to(device))
+        for k, state in states.items():
+            self.store.put(k, state)
+        for name, value in meta["attributes"].items():
+            setattr(self, name, value)
 
     def model_state(self, state: Tensors) -> Tensors:
         """``state`` without entries that are not model tensors (extra private state)."""

@@ -1,6 +1,7 @@
 """The one round loop: sample → jobs → executor → aggregate → evaluate → observers."""
 from __future__ import annotations
 
+import math
 import resource
 import time
 from typing import Any, Sequence
@@ -19,8 +20,45 @@ from .types import ClientJob, ClientUpdate, EvalJob, Tensors, tensor_bytes
 PERSONALIZE_CHUNK = 64  # clients personalized (and held in memory) at once during evaluation
 
 
+class Diverged(Exception):
+    """A non-finite loss, loss term or parameter: the run stops (status ``diverged``)."""
+
+    def __init__(self, round_index: int, client: int | None, term: str) -> None:
+        self.round, self.client, self.term = round_index, client, term
+        where = f"client {client}" if client is not None else "after aggregation"
+        super().__init__(f"diverged at round {round_index} ({where}): {term} is not finite")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"round": self.round, "client": self.client, "term": self.term}
+
+
+def _all_finite(tensors: dict[str, torch.Tensor]) -> bool:
+    floats = [t for t in tensors.values() if t.is_floating_point()]
+    return not floats or bool(torch.stack([t.isfinite().all() for t in floats]).all())
+
+
+def _first_non_finite(tensors: dict[str, torch.Tensor]) -> str:
+    return next(n for n, t in tensors.items() if t.is_floating_point() and not bool(t.isfinite().all()))
+
+
+def check_finite(round_index: int, updates: list[ClientUpdate]) -> None:
+    """Raise ``Diverged`` on the first client whose loss, a loss term or private state is not finite
+    (a client that took no step reports a NaN loss and no terms: not a divergence)."""
+    for update in updates:
+        if update.loss_terms:
+            for name, value in [("loss", update.loss), *update.loss_terms.items()]:
+                if not math.isfinite(value):
+                    raise Diverged(round_index, update.client_id, name)
+        for kind, tensors in (("upload", update.params), ("private", update.private)):
+            if tensors and not _all_finite(tensors):
+                raise Diverged(round_index, update.client_id, f"{kind} {_first_non_finite(tensors)}")
+
+
 class Federation:
-    """Runs ``algorithm``'s rounds on ``executor``; the algorithm's state lives in the driver."""
+    """Runs ``algorithm``'s rounds on ``executor``; the algorithm's state lives in the driver.
+
+    ``next_round``, the byte totals and ``client_accuracy`` are the loop's own state between
+    rounds (with ``sampling_rng`` and the algorithm's state: what a checkpoint saves)."""
 
     def __init__(self, algorithm: Algorithm, executor: Executor, num_test: Sequence[int],
                  observers: Sequence[RunObserver] = ()) -> None:
@@ -29,6 +67,9 @@ class Federation:
         self.num_test = np.asarray(num_test)
         self.sampling_rng = rng_stream(self.config.seed, "sampling")
         self.finetune_accuracy: np.ndarray | None = None  # per client, after --finetune-epochs
+        self.next_round = 1
+        self.bytes_up_total = self.bytes_down_total = 0
+        self.client_accuracy = np.zeros(self.config.num_clients)
 
     def sample_clients(self) -> list[int]:
         k, m = self.config.num_clients, self.config.sampled_per_round
@@ -102,37 +143,40 @@ class Federation:
         return {"pers_acc_ft": metrics["pers_acc"], "pers_acc_ft_weighted": metrics["pers_acc_weighted"]}
 
     def run(self) -> np.ndarray:
-        """All rounds. Returns the final per-client accuracies."""
+        """The rounds from ``next_round`` on. Returns the final per-client accuracies; raises
+        ``Diverged`` (after the observers saw every earlier round)."""
         config, algorithm = self.config, self.algorithm
-        bytes_up_total = bytes_down_total = 0
-        client_accuracy = np.zeros(config.num_clients)
-        for round_index in range(1, config.rounds + 1):
+        for round_index in range(self.next_round, config.rounds + 1):
             started = time.perf_counter()
             sampled = self.sample_clients()
             updates = self.train_round(round_index, sampled)
+            check_finite(round_index, updates)
             bytes_up = sum(tensor_bytes(u.params) for u in updates)
             bytes_down = self._bytes_down
             algorithm.aggregate(updates)
-            bytes_up_total += bytes_up
-            bytes_down_total += bytes_down
+            if not _all_finite(algorithm.global_state):
+                raise Diverged(round_index, None, f"parameter {_first_non_finite(algorithm.global_state)}")
+            self.bytes_up_total += bytes_up
+            self.bytes_down_total += bytes_down
             record: dict[str, Any] = {"round": round_index, "clients": sampled}
             record.update(mean_loss_terms(updates))
             record.update(bytes_up=bytes_up, bytes_down=bytes_down,
-                          bytes_up_cum=bytes_up_total, bytes_down_cum=bytes_down_total)
+                          bytes_up_cum=self.bytes_up_total, bytes_down_cum=self.bytes_down_total)
             record.update(algorithm.round_diagnostics(updates))
             record["round_time_s"] = time.perf_counter() - started
             if round_index % config.resolved_eval_every == 0 or round_index == config.rounds:
                 eval_started = time.perf_counter()
-                metrics, client_accuracy = self.evaluate(round_index)
+                metrics, self.client_accuracy = self.evaluate(round_index)
                 record.update(metrics, eval_time_s=time.perf_counter() - eval_started)
             if round_index == config.rounds and config.finetune_epochs > 0 and algorithm.has_global_model:
                 finetune_started = time.perf_counter()
                 record.update(self.finetune_metrics(round_index),
                               finetune_time_s=time.perf_counter() - finetune_started)
             record["peak_mem_mb"] = peak_memory_mb(self.executor)
+            self.next_round = round_index + 1
             for observer in self.observers:
                 observer.on_round_end(record)
-        return client_accuracy
+        return self.client_accuracy
 
 
 def mean_loss_terms(updates: list[ClientUpdate]) -> dict[str, float]:

@@ -1,0 +1,130 @@
+"""Checkpoint and resume (issue 9, item 4): a run SIGKILLed after a checkpoint and resumed ends
+with the same rounds.jsonl, summary.json and clients.csv (timings aside) as an uninterrupted run,
+for every built-in algorithm.
+
+The kill: ``PFLBENCH_TEST_KILL_AFTER_ROUND=3`` makes the process SIGKILL itself after round 3
+(the checkpoint is at round 2, so round 3's rounds.jsonl line must be dropped on resume). The
+killed process is a fork of the test process (no second torch import); one test goes through
+the CLI in a fresh subprocess.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pflbench.checkpoint import CHECKPOINT_FILE
+from pflbench.config import RunConfig
+from pflbench.runner import run_experiment
+
+TIMING = {"round_time_s", "eval_time_s", "peak_mem_mb", "server_svd_time_s", "wall_time_s", "run_dir",
+          "round_time_s_mean", "checkpoints_written", "checkpoint_time_s"}
+BUILT_IN = ("fedavg", "fedprox", "local", "fedper", "fedrep", "flexlora", "fedsdg")
+LORA = ("flexlora", "fedsdg")
+
+
+def tiny(algo: str, out: Path) -> RunConfig:
+    return RunConfig(algo=algo, dataset="digits", model="mlp", num_clients=3, rounds=4, alpha=0.5,
+                     optimizer="adam", lr=0.01, out=str(out), backbone="random", checkpoint_every=2,
+                     frac=0.67, **({"lora_targets": "fc1,fc2"} if algo in LORA else {}))
+
+
+def cli_args(config: RunConfig) -> list[str]:
+    args = ["run", "--algo", config.algo, "--dataset", config.dataset, "--model", config.model,
+            "--num-clients", str(config.num_clients), "--rounds", str(config.rounds), "--alpha", "0.5",
+            "--optimizer", "adam", "--lr", "0.01", "--out", config.out, "--backbone", "random",
+            "--checkpoint-every", "2", "--frac", "0.67", "--quiet"]
+    if config.algo in LORA:
+        args += ["--lora-targets", "fc1,fc2"]
+    return args
+
+
+def run_cli(args: list[str], **env: str) -> subprocess.CompletedProcess:
+    code = "import sys; from pflbench.cli import main; sys.argv[0] = 'pflbench'; main()"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **env}, timeout=300, check=False)
+
+
+def contents(folder: Path) -> tuple[list[dict], dict, str]:
+    (run,) = [p for p in (folder / "runs").iterdir() if not p.name.startswith(".") and p.is_dir()]
+    rounds = [{k: v for k, v in json.loads(line).items() if k not in TIMING}
+              for line in (run / "rounds.jsonl").read_text().splitlines()]
+    summary = {k: v for k, v in json.loads((run / "summary.json").read_text()).items() if k not in TIMING}
+    return rounds, summary, (run / "clients.csv").read_text()
+
+
+def killed_in_fork(config: RunConfig, after_round: int) -> int:
+    """Run ``config`` in a forked child that SIGKILLs itself after ``after_round``; its exit status."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            import torch
+
+            torch.set_num_threads(1)
+            os.environ["PFLBENCH_TEST_KILL_AFTER_ROUND"] = str(after_round)
+            run_experiment(config)
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    return status
+
+
+@pytest.mark.parametrize("algo", BUILT_IN)
+def test_sigkilled_run_resumes_to_identical_results(algo: str, tmp_path: Path) -> None:
+    killed_out, whole_out = tmp_path / "killed", tmp_path / "whole"
+    config = tiny(algo, killed_out)
+    if algo == "fedavg":  # through the CLI, in a fresh interpreter
+        killed = run_cli(cli_args(config), PFLBENCH_TEST_KILL_AFTER_ROUND="3")
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+    else:
+        status = killed_in_fork(config, 3)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    runs = killed_out / "runs"
+    (work,) = [p for p in runs.iterdir() if p.name.startswith(".tmp-")]
+    assert (work / CHECKPOINT_FILE).is_file()
+    assert len((work / "rounds.jsonl").read_text().splitlines()) == 3  # round 3 is past the checkpoint
+    assert not any((p / "summary.json").exists() for p in runs.iterdir() if p.is_dir())
+    assert list(runs.glob("*.claim")), "a SIGKILLed run leaves its (now stale) claim"
+
+    summary = run_experiment(config, resume=True)  # takes over the stale claim
+    assert summary["status"] == "completed" and summary["checkpoints_written"] == 0
+    assert not list(runs.glob(".tmp-*")) and not list(runs.glob("*.claim"))
+    run_experiment(tiny(algo, whole_out))
+    resumed, whole = contents(killed_out), contents(whole_out)
+    assert resumed[0] == whole[0], "rounds.jsonl differs"
+    assert resumed[1] == whole[1], "summary.json differs"
+    assert resumed[2] == whole[2], "clients.csv differs"
+    assert [r["round"] for r in resumed[0]] == [1, 2, 3, 4]
+
+
+def test_resume_without_checkpoint_starts_over_and_corrupt_checkpoint_is_discarded(tmp_path: Path, capsys) -> None:
+    config = tiny("fedavg", tmp_path)
+    run_experiment(config, resume=True)  # nothing to resume: a normal run
+    first = contents(tmp_path)
+    # an unfinished run whose checkpoint is corrupt: warned, deleted, run from the start
+    run_dir = next(p for p in (tmp_path / "runs").iterdir() if p.is_dir())
+    work = run_dir.with_name(".tmp-" + run_dir.name)
+    run_dir.rename(work)
+    (work / "summary.json").unlink()
+    (work / CHECKPOINT_FILE).write_bytes(b"PK\x03\x04 truncated")
+    run_experiment(config, resume=True)
+    assert "checkpoint.pt" in capsys.readouterr().err
+    assert contents(tmp_path) == first
+
+
+def test_checkpoint_of_other_settings_is_not_resumed(tmp_path: Path) -> None:
+    """A checkpoint whose identity differs (e.g. written by another version of the settings)
+    is refused by its expected identity hash."""
+    import torch
+
+    from pflbench.cache import save_entry
+    from pflbench.checkpoint import load_checkpoint
+
+    path = tmp_path / CHECKPOINT_FILE
+    save_entry(path, {"global/w": torch.zeros(2)}, {"kind": "pflbench-checkpoint-v1", "identity_hash": "aaaa"})
+    assert load_checkpoint(path, "bbbb") is None
