@@ -128,3 +128,22 @@ def test_checkpoint_of_other_settings_is_not_resumed(tmp_path: Path) -> None:
     path = tmp_path / CHECKPOINT_FILE
     save_entry(path, {"global/w": torch.zeros(2)}, {"kind": "pflbench-checkpoint-v1", "identity_hash": "aaaa"})
     assert load_checkpoint(path, "bbbb") is None
+
+
+STATEFUL = ("scaffold", "feddyn", "moon", "ditto", "apfl", "fedala", "pfedme")
+
+
+@pytest.mark.parametrize("algo", STATEFUL)
+def test_stateful_clients_survive_a_kill_and_resume(algo: str, tmp_path: Path) -> None:
+    """Control variates, dynamic-regulariser state, previous/personal models and mixing weights
+    live in the client store or declared server attributes, so a resumed run is identical."""
+    import dataclasses
+
+    def config(out: Path) -> RunConfig:
+        return dataclasses.replace(tiny(algo, out), optimizer="sgd", lr=0.05)
+
+    status = killed_in_fork(config(tmp_path / "killed"), 3)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    run_experiment(config(tmp_path / "killed"), resume=True)
+    run_experiment(config(tmp_path / "whole"))
+    assert contents(tmp_path / "killed") == contents(tmp_path / "whole")

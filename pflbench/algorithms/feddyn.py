@@ -109,6 +109,7 @@ class FedDyn(Algorithm[FedDynHyperparameters]):
     paper = "Acar et al., ICLR 2021"
     hyperparameters = FedDynHyperparameters
     program_class = FedDynProgram
+    checkpoint_attributes = ("h",)  # server state across rounds (checkpoints)
     personal_model_is_received = True  # ∇L_k is not a model: every client evaluates θ^t
 
     def __init__(self, config: RunConfig, hparams: FedDynHyperparameters, model, num_train) -> None:

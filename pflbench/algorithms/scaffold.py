@@ -131,6 +131,7 @@ class Scaffold(Algorithm[ScaffoldHyperparameters]):
     paper = "Karimireddy et al., ICML 2020"
     hyperparameters = ScaffoldHyperparameters
     program_class = ScaffoldProgram
+    checkpoint_attributes = ("control",)  # server state across rounds (checkpoints)
     personal_model_is_received = True  # c_i is not a model: every client evaluates x
 
     @classmethod

@@ -235,6 +235,8 @@ class Algorithm(Generic[H]):
                 value = getattr(self, name)
                 if isinstance(value, torch.Tensor):
                     tensors[f"attr/{name}"] = value
+                elif isinstance(value, dict) and value and all(isinstance(v, torch.Tensor) for v in value.values()):
+                    tensors.update({f"attrdict/{name}/{key}": v for key, v in value.items()})
                 else:
                     attributes[name] = value
         return tensors, {"store_clients": self.store.clients(), "attributes": attributes}
@@ -253,6 +255,9 @@ class Algorithm(Generic[H]):
                 states[int(k)][name] = tensor.to(device)
             elif kind == "attr":
                 setattr(self, rest, tensor.to(device))
+            elif kind == "attrdict":
+                name, _, key = rest.partition("/")
+                getattr(self, name)[key] = tensor.to(device)
         for k, state in states.items():
             self.store.put(k, state)
         for name, value in meta["attributes"].items():
