@@ -48,7 +48,9 @@ def find_run_folders(paths: Iterable[str | Path], warn: Callable[[str], None] | 
             continue
         parent = path / "runs" if (path / "runs").is_dir() else path
         try:
-            folders.extend(sorted(p for p in parent.iterdir() if p.is_dir()))
+            # .old-*: a finished run being replaced by --force (the runner restores or deletes it);
+            # .tmp-*: a run in progress or killed, reported as unfinished
+            folders.extend(sorted(p for p in parent.iterdir() if p.is_dir() and not p.name.startswith(".old-")))
         except OSError as error:
             if warn is None:
                 raise ConfigError(f"cannot read {parent}: {error.strerror or error}") from None
