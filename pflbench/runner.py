@@ -20,6 +20,7 @@ from .config import (RunConfig, hyperparameters_from, identity_hash, resolve, ru
                      run_name, validate)
 from .data import FederatedData, TensorDataset, load_dataset
 from .engine import EXECUTORS, Algorithm, Executor, Federation, Observer, RunObserver
+from .engine.executor import make_executor
 from .engine.observers import RoundCallback
 from .errors import ConfigError
 from .metrics import summarize
@@ -125,6 +126,7 @@ def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None,
     algorithm_class.check_config(config, hparams)
     if config.executor not in EXECUTORS:
         raise ConfigError(f"--executor {config.executor!r} is not one of: {', '.join(EXECUTORS)}")
+    getattr(EXECUTORS[config.executor], "check", lambda: None)()  # e.g. Ray installed
     lora_rank = algorithm_class.lora_rank(config, hparams)
     resolved: dict[str, Any] = {"run_defaults": applied}
     device = resolve_device(config.device)
@@ -144,7 +146,7 @@ def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None,
     model.to(device)
     data = FederatedData(dataset, split.train, split.test, device)
     algorithm = algorithm_class(config, hparams, model, data.num_train)
-    executor = EXECUTORS[config.executor](model, data)
+    executor = make_executor(config.executor, model, data, config)
     run_dir = Path(config.out) / "runs" / run_name(config, algorithm_class, hparams)
     return PreparedRun(config, algorithm, executor, split, dataset, data, run_dir, resolved)
 
@@ -218,6 +220,7 @@ def execute(prepared: PreparedRun, on_round: Callable[[dict[str, Any]], None] | 
         client_accuracy = federation.run()
     finally:
         writer.writer.close()
+        getattr(prepared.executor, "close", lambda: None)()  # e.g. Ray actors back to the pool
     config = prepared.config
     stats = prepared.partition.stats
     report, client_columns = prepared.algorithm.final_report()
