@@ -29,7 +29,8 @@ except ImportError:  # the Ray tests skip; the missing-Ray tests still run
 
 needs_ray = pytest.mark.skipif(ray is None, reason='Ray is not installed (pip install "pflbench[ray]")')
 BUILT_IN = ("fedavg", "fedper", "fedrep", "fedprox", "local", "flexlora", "fedsdg")
-TIMES = ("round_time_s", "eval_time_s", "peak_mem_mb", "wall_time_s", "run_dir", "server_svd_time_s")
+TIMES = ("round_time_s", "eval_time_s", "peak_mem_mb", "wall_time_s", "run_dir", "server_svd_time_s",
+         "round_time_s_mean")
 # as tests/test_algorithms.py: LoRA algorithms adapt the mlp's hidden layers on a random body
 TINY = dict(dataset="digits", model="mlp", num_clients=4, rounds=2, alpha=0.5, optimizer="adam",
             lr=0.01, lora_targets="fc1,fc2", backbone="random")
