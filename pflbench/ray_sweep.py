@@ -132,6 +132,10 @@ def run_sweep_on_ray(runs: list[Any], record: Path, grid: Any, base: RunConfig, 
     ray = connect(base.ray_address)
     from ray.exceptions import RayError
 
+    from .engine.ray_executor import release_pool
+
+    release_pool()  # idle client actors of earlier --executor ray runs would hold CPUs
+
     sources = [(Path(p).name, Path(p).read_bytes()) for p in plugins]
     task = ray.remote(run_task).options(num_cpus=cpus_per_run, num_gpus=gpus_per_run,
                                         max_retries=TASK_RETRIES, retry_exceptions=False)

@@ -69,7 +69,7 @@ def local_ray():
     if started:
         ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
     yield ray
-    ray_executor._POOL.clear()
+    ray_executor.release_pool()
     if started:
         ray.shutdown()
 

@@ -147,6 +147,17 @@ class ClientWorker:
 _POOL: dict[tuple, list] = {}  # idle actors of this process, by (ray job, cpus, gpus)
 
 
+def release_pool(shape: tuple | None = None) -> None:
+    """Kill this process's idle actors (of one ``shape``, or all): an idle actor still holds its
+    CPUs/GPUs, which Ray could give to tasks (``sweep --ray`` releases them first)."""
+    import ray
+
+    for key in [shape] if shape is not None else list(_POOL):
+        for actor in _POOL.pop(key, []):
+            if ray.is_initialized():
+                ray.kill(actor)
+
+
 class RayExecutor:
     """Trains and evaluates on ``num_workers`` Ray actors; numbers as ``SequentialExecutor``'s."""
 
@@ -162,6 +173,10 @@ class RayExecutor:
         if use_gpu and gpus == 0:
             raise ConfigError(f"--device {config.device} with --executor ray: the Ray cluster has no GPU")
         workers = config.ray_workers or (gpus if use_gpu else cluster_cpus(ray))
+        available = gpus if use_gpu else cluster_cpus(ray)
+        if workers > available:  # more actors than the cluster can place would wait forever
+            raise ConfigError(f"--ray-workers {workers}: the Ray cluster has only {available} "
+                              f"{'GPUs' if use_gpu else 'CPUs'}")
         workers = max(1, min(workers, config.sampled_per_round))
         return cls(model, data, workers, gpus_per_worker=min(1.0, gpus / workers) if use_gpu else 0.0)
 
@@ -177,6 +192,8 @@ class RayExecutor:
         self._model_ref, self._data_ref = self.ray.put(shipped), self.ray.put(portable_data(data))
         self._program_key, self._program_ref = "", None
         self.replaced = 0  # actors replaced after a fault (tests and logs read it)
+        for shape in [k for k in _POOL if k != self.shape]:  # idle actors of another kind hold resources
+            release_pool(shape)
         idle = _POOL.setdefault(self.shape, [])
         self.actors = [idle.pop() if idle else self._new_actor() for _ in range(num_workers)]
         for actor in self.actors:
