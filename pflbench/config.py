@@ -89,13 +89,10 @@ class RunConfig:
     eval_every: int | None = option(None, "Evaluate every N rounds [default: 1 up to 100 rounds, "
                                     "else rounds/100]; the last round is always evaluated.")
     device: str = option("cpu", "Torch device: cpu, cuda, cuda:1, ...")
-    executor: str = option("sequential", "How clients train: sequential (one after another in this "
-                           "process); ray (in parallel on Ray actors, same numbers; pip install "
-                           "'pflbench[ray]').", choices=("sequential", "ray"))
-    ray_address: str | None = option(None, "Ray cluster to join: auto or HOST:PORT (`ray start --head`); "
-                                     "unset: start a local Ray instance with this machine's CPUs.")
-    ray_workers: int | None = option(None, "Ray actors training clients (--executor ray) [default: the "
-                                     "cluster's CPUs (GPUs with --device cuda), at most the clients per round].")
+    executor: str = option("sequential", "How clients train: sequential (one after another); ray (on "
+                           "Ray actors in parallel, same numbers).", choices=("sequential", "ray"))
+    ray_address: str | None = option(None, "Ray cluster to join (auto or HOST:PORT); unset: a local Ray instance.")
+    ray_workers: int | None = option(None, "Ray actors training clients [default: cluster CPUs, ≤ clients/round].")
     out: str = option("results", "Output folder; the run goes to OUT/runs/<name>/.")
 
     @property
@@ -286,11 +283,6 @@ def resolve(config: RunConfig, algorithm: Any, hparams: Any,
     return dataclasses.replace(config, **applied), applied
 
 
-# Executors whose numbers are the sequential executor's (the same code on other processes): a run
-# is the same run under any of them, so a sweep resumed with another one skips it.
-SAME_NUMBERS_EXECUTORS = ("sequential", "ray")
-
-
 def run_identity(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dict[str, Any]:
     """Exactly the settings a resolved run reads: an inert option (``--shards-per-client`` under
     Dirichlet, ``--lora-alpha`` without LoRA, ``--momentum`` with Adam, ...) is left out."""
@@ -306,7 +298,7 @@ def run_identity(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dic
         "algo_hparams": dataclasses.asdict(hyperparameters)}
     if getattr(algorithm, "uses_head_layers", False) or lora_rank is not None:
         identity["head_layers"] = config.head_layers
-    if config.executor not in SAME_NUMBERS_EXECUTORS:
+    if config.executor not in ("sequential", "ray"):  # ray gives sequential's numbers: the same run
         identity["executor"] = config.executor
     if config.pretrained or config.weights:
         identity.update(pretrained=config.pretrained, weights=config.weights)
@@ -366,7 +358,6 @@ def validate(config: RunConfig) -> None:
         (math.isfinite(config.max_grad_norm) and config.max_grad_norm >= 0,
          f"--max-grad-norm must be ≥ 0 (0 = no clipping), got {config.max_grad_norm}"),
         (config.seed >= 0, f"--seed must be ≥ 0, got {config.seed}"),
-        (config.ray_workers is None or config.ray_workers >= 1, f"--ray-workers must be ≥ 1, got {config.ray_workers}"),
         (config.momentum >= 0 and config.weight_decay >= 0, "--momentum and --weight-decay must be ≥ 0"),
         (0 <= config.public_frac < 1, f"--public-frac must be in [0, 1), got {config.public_frac}"),
         (config.lora_rank is None or config.lora_rank >= 1, f"--lora-rank must be ≥ 1, got {config.lora_rank}"),

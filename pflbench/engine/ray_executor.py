@@ -172,6 +172,8 @@ class RayExecutor:
         gpus = cluster_gpus(ray)
         if use_gpu and gpus == 0:
             raise ConfigError(f"--device {config.device} with --executor ray: the Ray cluster has no GPU")
+        if config.ray_workers is not None and config.ray_workers < 1:
+            raise ConfigError(f"--ray-workers must be ≥ 1, got {config.ray_workers}")
         workers = config.ray_workers or (gpus if use_gpu else cluster_cpus(ray))
         available = gpus if use_gpu else cluster_cpus(ray)
         if workers > available:  # more actors than the cluster can place would wait forever
