@@ -36,7 +36,7 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> ModuleTy
     if ray.is_initialized():
         return ray
     options: dict[str, Any] = {"include_dashboard": False, "logging_level": "warning",
-                               "log_to_driver": True}
+                               "log_to_driver": False}
     if address:
         try:
             ray.init(address=address, **options)
