@@ -36,7 +36,7 @@ def sweep_args(tiny: bool) -> list[str]:
     size = ["--num-clients", "6", "--rounds", "2", "--model", "mlp"] if tiny else \
         ["--num-clients", "20", "--rounds", "15", "--model", "cnn"]
     return ["sweep", "--algos", "fedavg,fedprox", "--seeds", "0,1,2,3", "--alphas", "0.5",
-            "--dataset", "digits", "--quiet", *size]
+            "--datasets", "digits", "--quiet", *size]
 
 
 def timed(command: list[str]) -> float:
