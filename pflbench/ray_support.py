@@ -41,8 +41,9 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> ModuleTy
         try:
             ray.init(address=address, **options)
         except (ConnectionError, RuntimeError, ValueError) as error:
-            raise ConfigError(f"--ray-address {address}: could not join a Ray cluster there "
-                              f"({error}); start one with `ray start --head`") from error
+            raise ConfigError(f"--ray-address {address}: could not join a Ray cluster there ({error}); "
+                              "is one running (`ray start --head`)? With token authentication set "
+                              "RAY_AUTH_MODE=token and the cluster's token (~/.ray/auth_token)") from error
     else:
         ray.init(num_cpus=num_cpus or os.cpu_count() or 1, **options)
     return ray
