@@ -8,7 +8,7 @@
   both as fresh CLI processes, so start-up (Python, torch, Ray) counts. Reports runs/s and the ratio.
 - ``round``: one run with 20 clients (all sampled) under ``--executor sequential`` and ``ray``;
   the median round time (training + aggregation; evaluation excluded) over rounds 2..R.
-- ``overhead``: the same with ``--local-epochs 0`` (a job does no training: load, upload, ship),
+- ``overhead``: an empty actor call (Ray's floor), then the same run with ``--local-epochs 0`` (a job does no training: load, upload, ship),
   for 20, 50, 100 and 200 clients per round; ``ms/job`` = (ray − sequential) round time / clients,
   the cost of one job's round trip through Ray on top of what the sequential executor does.
 
@@ -93,6 +93,28 @@ def bench_overhead(tiny: bool) -> list[dict[str, Any]]:
     return rows
 
 
+def bench_noop(calls: int) -> dict[str, float]:
+    """Ray's floor: an actor call carrying nothing, one at a time and pipelined (ms per call)."""
+    import ray
+
+    @ray.remote(num_cpus=1)
+    class Echo:
+        def echo(self, value: int) -> int:
+            return value
+
+    actor = Echo.remote()
+    ray.get(actor.echo.remote(0))
+    started = time.perf_counter()
+    for i in range(calls):
+        ray.get(actor.echo.remote(i))
+    serial = (time.perf_counter() - started) / calls
+    started = time.perf_counter()
+    ray.get([actor.echo.remote(i) for i in range(calls)])
+    pipelined = (time.perf_counter() - started) / calls
+    ray.kill(actor)
+    return {"serial_ms_per_call": 1e3 * serial, "pipelined_ms_per_call": 1e3 * pipelined}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=("sweep", "round", "overhead", "all"))
@@ -116,6 +138,9 @@ def main() -> None:
         print(f"round, 20 clients: sequential {r['sequential_round_s'] * 1e3:.0f} ms, ray "
               f"{r['ray_round_s'] * 1e3:.0f} ms, speed-up ×{r['speedup']:.2f}")
     if options.what in ("overhead", "all"):
+        results["noop"] = bench_noop(50 if options.tiny else 500)
+        print(f"empty actor call: {results['noop']['serial_ms_per_call']:.2f} ms one at a time, "
+              f"{results['noop']['pipelined_ms_per_call']:.2f} ms pipelined")
         results["overhead"] = bench_overhead(options.tiny)
         print("clients  seq ms/round  ray ms/round  ray ms/job  overhead ms/job  (local epochs 0)")
         for row in results["overhead"]:

@@ -58,6 +58,20 @@ def test_sweep_ray_refuses_nested_ray_executor(tmp_path: Path) -> None:
     assert code == 2 and "sweep --ray runs whole runs as Ray tasks" in output, output
 
 
+def test_tensors_shared_by_jobs_travel_once() -> None:
+    import torch
+
+    from pflbench.engine.ray_executor import SharedRef, pack, unpack
+
+    shared, own = torch.ones(3), torch.zeros(2)
+    store, packed = pack([{"w": shared, "b": own}, {"w": shared}, {"v": torch.full((1,), 2.0)}])
+    assert list(store.values())[0] is not None and len(store) == 1
+    assert isinstance(packed[0]["w"], SharedRef) and packed[1]["w"] == packed[0]["w"]
+    assert isinstance(packed[0]["b"], torch.Tensor)
+    back = unpack(packed[0], store, torch.device("cpu"))
+    assert torch.equal(back["w"], shared) and torch.equal(back["b"], own)
+
+
 # ---- with Ray ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def local_ray():
@@ -158,13 +172,11 @@ def test_worker_killed_mid_round_is_replaced_and_numbers_are_unchanged(local_ray
     executor = prepared.executor
     pids = executor.pids()
     killed: list[int] = []
-    rounds_seen: list[int] = []
 
-    def kill_once(slot: int, job: tuple) -> None:  # right after a round-2 job went to `slot`
-        if job[1] == 2 and not killed:
+    def kill_once(slot: int, chunk: list[tuple]) -> None:  # right after round-2 jobs went to `slot`
+        if chunk[0][1] == 2 and not killed:
             os.kill(pids[slot], signal.SIGKILL)
             killed.append(pids[slot])
-        rounds_seen.append(job[1])
 
     executor.after_submit = kill_once
     execute(prepared)

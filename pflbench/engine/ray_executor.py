@@ -36,6 +36,7 @@ from .executor import SequentialExecutor
 from .types import ClientJob, ClientUpdate, EvalJob, Tensors
 
 IN_FLIGHT = 2  # calls queued per actor: one runs while the next one's arguments arrive
+CALLS_PER_WORKER = 4  # a round's jobs go in chunks, about this many per actor (balance vs. overhead)
 MAX_ATTEMPTS = 3  # a job whose actor died this many times fails the run
 
 
@@ -126,22 +127,23 @@ class ClientWorker:
             self.store, self.store_key = ray.get(store_box[0]) if store_box else {}, store_key
         return self.program, self.store
 
-    def train(self, context: tuple, job: tuple) -> ClientUpdate:
+    def train(self, context: tuple, jobs: list[tuple]) -> list[ClientUpdate]:
         program, store = self._context(*context)
         device = self.executor.data.device
-        client_id, round_index, seed, received, private = job
-        update = self.executor.train_one(program, ClientJob(client_id, round_index, seed,
-                                                            unpack(received, store, device),
-                                                            unpack(private, store, device)))
-        cpu = {n: t.detach().cpu() for n, t in update.params.items()}
-        return replace(update, params=cpu, private={n: t.detach().cpu() for n, t in update.private.items()})
+        updates = []
+        for client_id, round_index, seed, received, private in jobs:
+            update = self.executor.train_one(program, ClientJob(client_id, round_index, seed,
+                                                                unpack(received, store, device),
+                                                                unpack(private, store, device)))
+            updates.append(replace(update, params={n: t.detach().cpu() for n, t in update.params.items()},
+                                   private={n: t.detach().cpu() for n, t in update.private.items()}))
+        return updates
 
-    def evaluate(self, context: tuple, job: tuple) -> np.ndarray:
+    def evaluate(self, context: tuple, jobs: list[tuple]) -> list[np.ndarray]:
         program, store = self._context(*context)
-        state, client_ids = job
-        (correct,) = self.executor.evaluate(program, [EvalJob(unpack(state, store, self.executor.data.device),
-                                                              client_ids)])
-        return correct
+        device = self.executor.data.device
+        return self.executor.evaluate(program, [EvalJob(unpack(state, store, device), client_ids)
+                                                for state, client_ids in jobs])
 
 
 _POOL: dict[tuple, list] = {}  # idle actors of this process, by (ray job, cpus, gpus)
@@ -222,24 +224,29 @@ class RayExecutor:
         return key, [self._program_ref]
 
     def _map(self, method: str, program: ClientProgram, items: list[tuple], store: Tensors) -> list[Any]:
-        """Run ``method`` on each item across the actors (results in ``items``' order)."""
+        """Run ``method`` on chunks of ``items`` across the actors; results in ``items``' order.
+
+        Chunks go to whichever actor is free (at most ``IN_FLIGHT`` queued per actor); a chunk
+        whose actor died is resubmitted to the actor that replaces it."""
         if not items:
             return []
+        size = -(-len(items) // (len(self.actors) * CALLS_PER_WORKER))
+        chunks = [items[i:i + size] for i in range(0, len(items), size)]
         ray = self.ray
         from ray.exceptions import RayActorError
 
         store_ref = ray.put(store) if store else None
         context = (*self._program_context(program), store_ref.hex() if store_ref else "",
                    [store_ref] if store_ref else [])
-        results: list[Any] = [None] * len(items)
-        queue, attempts = collections.deque(range(len(items))), collections.Counter()
+        results: list[Any] = [None] * len(chunks)
+        queue, attempts = collections.deque(range(len(chunks))), collections.Counter()
         pending: dict[Any, tuple[int, Any, int]] = {}
 
         def submit(slot: int) -> None:
             index = queue.popleft()
             actor = self.actors[slot]
-            pending[getattr(actor, method).remote(context, items[index])] = (slot, actor, index)
-            self.after_submit(slot, items[index])
+            pending[getattr(actor, method).remote(context, chunks[index])] = (slot, actor, index)
+            self.after_submit(slot, chunks[index])
 
         for _ in range(IN_FLIGHT):
             for slot in range(len(self.actors)):
@@ -259,7 +266,7 @@ class RayExecutor:
                     self._replace(slot)
             while queue and sum(1 for s, _, _ in pending.values() if s == slot) < IN_FLIGHT:
                 submit(slot)
-        return results
+        return [result for chunk in results for result in chunk]
 
     def train(self, program: ClientProgram, jobs: Sequence[ClientJob]) -> list[ClientUpdate]:
         dicts = [d for job in jobs for d in (job.received, job.private)]
@@ -277,7 +284,7 @@ class RayExecutor:
         store, packed = pack([job.state for job in jobs])
         return self._map("evaluate", program, [(p, tuple(j.client_ids)) for p, j in zip(packed, jobs)], store)
 
-    def after_submit(self, slot: int, item: tuple) -> None:
+    def after_submit(self, slot: int, chunk: list[tuple]) -> None:
         """Called after each call is submitted to actor ``slot`` (a seam for fault-injection tests)."""
 
     def pids(self) -> list[int]:
