@@ -93,8 +93,10 @@ class RunConfig:
         "epochs on each client's train split (the local optimizer settings) and report it as "
         "pers_acc_ft; 0 = off. Only for algorithms with a global model.")
     device: str = option("cpu", "Torch device: cpu, cuda, cuda:1, ...")
-    executor: str = option("sequential", "How clients train: sequential (one after another).",
-                           choices=("sequential",))
+    executor: str = option("sequential", "How clients train: sequential (one after another); ray (on "
+                           "Ray actors in parallel, same numbers).", choices=("sequential", "ray"))
+    ray_address: str | None = option(None, "Ray cluster to join (auto or HOST:PORT); unset: a local Ray instance.")
+    ray_workers: int | None = option(None, "Ray actors training clients [default: cluster CPUs, ≤ clients/round].")
     out: str = option("results", "Output folder; the run goes to OUT/runs/<name>/.")
     checkpoint_every: int = option(10, "Checkpoint every N rounds (run --resume; sweeps resume); 0 = never.")
 
@@ -318,7 +320,7 @@ def run_identity(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dic
         "algo_hparams": dataclasses.asdict(hyperparameters)}
     if getattr(algorithm, "uses_head_layers", False) or lora_rank is not None:
         identity["head_layers"] = config.head_layers
-    if config.executor != "sequential":
+    if config.executor not in ("sequential", "ray"):  # ray gives sequential's numbers: the same run
         identity["executor"] = config.executor
     if config.finetune_epochs:
         identity["finetune_epochs"] = config.finetune_epochs

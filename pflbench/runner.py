@@ -24,6 +24,7 @@ from .data import FederatedData, TensorDataset, load_dataset
 from .cache import warn
 from .checkpoint import CHECKPOINT_FILE, CheckpointObserver, load_checkpoint, restore_checkpoint
 from .engine import EXECUTORS, Algorithm, Diverged, Executor, Federation, Observer, RunObserver
+from .engine.executor import make_executor
 from .engine.observers import RoundCallback
 from .errors import ConfigError
 from .metrics import summarize
@@ -137,6 +138,7 @@ def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None,
                           "has none; leave it at 0")
     if config.executor not in EXECUTORS:
         raise ConfigError(f"--executor {config.executor!r} is not one of: {', '.join(EXECUTORS)}")
+    getattr(EXECUTORS[config.executor], "check", lambda: None)()  # e.g. Ray installed
     lora_rank = algorithm_class.lora_rank(config, hparams)
     resolved: dict[str, Any] = {"run_defaults": applied}
     device = resolve_device(config.device)
@@ -159,7 +161,7 @@ def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None,
     model.to(device)
     data = FederatedData(dataset, split.train, split.test, device)
     algorithm = algorithm_class(config, hparams, model, data.num_train)
-    executor = EXECUTORS[config.executor](model, data)
+    executor = make_executor(config.executor, model, data, config)
     return PreparedRun(config, algorithm, executor, split, dataset, data, run_dir, resolved)
 
 
@@ -314,6 +316,7 @@ def _execute_claimed(prepared: PreparedRun, paths: RunPaths, claim: Claim,
         raise RunDiverged(summary) from None
     finally:
         writer.close()
+        getattr(prepared.executor, "close", lambda: None)()  # e.g. Ray actors back to the pool
     stats = prepared.partition.stats
     report, client_columns = prepared.algorithm.final_report()
     writer.write_clients([

@@ -31,7 +31,8 @@ def _sweep_axes(sets: tuple[str, ...], values: dict[str, Any], run_fields: set[s
 
 
 def _sweep_callback(algos: str, datasets: str, alphas: str, seeds: str, sets: tuple[str, ...],
-                    quiet: bool, plugin: tuple[str, ...], **values: Any) -> int:
+                    quiet: bool, plugin: tuple[str, ...], ray: bool, cpus_per_run: float,
+                    gpus_per_run: float, **values: Any) -> int:
     from pathlib import Path
 
     from ..config import hyperparameters_from
@@ -48,6 +49,13 @@ def _sweep_callback(algos: str, datasets: str, alphas: str, seeds: str, sets: tu
     grid = Grid(split_values(algos, str, "--algos"), split_values(datasets, str, "--datasets"),
                 split_values(alphas, float, "--alphas"), split_values(seeds, int, "--seeds"),
                 _sweep_axes(sets, values, run_fields))
+    on_ray = ray or (base.ray_address is not None and base.executor != "ray")
+    if on_ray:  # fail before expanding (and before any Ray start-up) on bad resources/no Ray
+        from ..ray_support import require_ray
+        from ..ray_sweep import check_resources
+
+        check_resources(base, cpus_per_run, gpus_per_run)
+        require_ray()
     runs = expand_grid(base, grid)  # every cell resolved like a run; LoRA grids share LoRA defaults
     refuse_inert_options([(run.config, hyperparameters_from(ALGORITHMS.get(run.config.algo).hyperparameters,
                                                             dict(run.algo_options), run.config.algo))
@@ -71,9 +79,15 @@ def _sweep_callback(algos: str, datasets: str, alphas: str, seeds: str, sets: tu
         click.echo(f"[{index + 1}/{len(runs)}] {run.describe()}: {detail}")
 
     if not quiet:
-        click.echo(f"sweep: {len(runs)} runs into {Path(base.out) / 'runs'}")
+        click.echo(f"sweep: {len(runs)} runs into {Path(base.out) / 'runs'}"
+                   + (f" as Ray tasks ({cpus_per_run:g} CPU, {gpus_per_run:g} GPU each)" if on_ray else ""))
     try:
-        run_sweep(runs, record, grid, base, plugin, report)
+        if on_ray:
+            from ..ray_sweep import run_sweep_on_ray
+
+            run_sweep_on_ray(runs, record, grid, base, plugin, report, cpus_per_run, gpus_per_run)
+        else:
+            run_sweep(runs, record, grid, base, plugin, report)
     except KeyboardInterrupt:
         counts = count_statuses(runs)
         click.echo(f"sweep interrupted: {counts['done']} done, {counts['skipped']} skipped, "
@@ -116,6 +130,14 @@ sweep = RunCommand(
                          help="Another grid axis: a run option (lr=0.01,0.05) or an algorithm "
                               "hyperparameter (mu=0.01,0.1; only for the algorithms that have it). Repeatable."),
             *dataclass_options(RunConfig, SWEEP_SHARED),
+            click.Option(["--ray"], is_flag=True,
+                         help="Run whole runs in parallel as Ray tasks (a local Ray instance with this "
+                              "machine's CPUs, or the cluster of --ray-address, which implies --ray); "
+                              "results are written here as by a local sweep. pip install 'pflbench[ray]'."),
+            click.Option(["--cpus-per-run"], type=float, default=1.0, show_default=True,
+                         help="CPUs each run task declares to Ray (and its torch threads)."),
+            click.Option(["--gpus-per-run"], type=float, default=0.0, show_default=True,
+                         help="GPUs each run task declares to Ray (fractions share a GPU)."),
             click.Option(["--quiet", "-q"], is_flag=True, help="Print only the final summary."),
             click.Option(["--plugin"], multiple=True, type=str,
                          help="Python file that registers an algorithm/dataset/model (repeatable).")])

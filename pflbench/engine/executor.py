@@ -6,7 +6,8 @@ batch loop) and reads the upload and the new private state back out.
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+import importlib
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -87,4 +88,41 @@ class SequentialExecutor:
         return results
 
 
-EXECUTORS = {"sequential": SequentialExecutor}
+class LazyExecutor:
+    """An executor class imported on first use (``"module:Class"``), so that an optional
+    dependency (Ray) is imported only by runs that ask for it. ``check()`` runs before any
+    expensive stage and raises ConfigError when the dependency is missing."""
+
+    def __init__(self, path: str, check: Callable[[], object] | None = None) -> None:
+        self.path, self._check = path, check
+
+    def check(self) -> None:
+        if self._check is not None:
+            self._check()
+
+    def load(self) -> type:
+        module, _, name = self.path.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+def _require_ray() -> None:
+    from ..ray_support import require_ray
+
+    require_ray()
+
+
+def make_executor(name: str, model: nn.Module, data: FederatedData, config: object = None) -> Executor:
+    """Build executor ``name``; a class with ``from_config(model, data, config)`` reads its options."""
+    factory = EXECUTORS[name]
+    if isinstance(factory, LazyExecutor):
+        factory.check()
+        factory = factory.load()
+    from_config = getattr(factory, "from_config", None)
+    return from_config(model, data, config) if from_config is not None and config is not None \
+        else factory(model, data)
+
+
+EXECUTORS: dict[str, object] = {
+    "sequential": SequentialExecutor,
+    "ray": LazyExecutor("pflbench.engine.ray_executor:RayExecutor", check=_require_ray),
+}

@@ -1,0 +1,72 @@
+"""Ray, the optional extra: importing it, joining or starting a cluster, shipping plugin code.
+
+``pip install "pflbench[ray]"``. Without Ray every other part of pflbench works; ``--executor ray``
+and ``sweep --ray`` end in one ``Error:`` line saying how to install it (``require_ray``).
+
+``connect(address, num_cpus)``: ``address`` ``auto`` or ``HOST:PORT`` joins a running cluster
+(``ray start --head`` / ``ray start --address=HOST:PORT``); without it a local Ray instance starts
+with ``num_cpus`` CPUs (default: this machine's). A process that already called ``ray.init``
+(tests, notebooks) keeps its instance.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+from .errors import ConfigError
+
+INSTALL_HINT = 'Ray is not installed; install the extra: pip install "pflbench[ray]"'
+PLUGIN_PREFIX = "pflbench_plugin_"  # module names of --plugin files (registry.load_plugin_file)
+
+
+def require_ray() -> ModuleType:
+    """The ``ray`` module, or a ConfigError (one ``Error:`` line in the CLI) saying how to get it."""
+    try:
+        import ray
+    except ImportError as error:
+        raise ConfigError(INSTALL_HINT) from error
+    return ray
+
+
+def connect(address: str | None = None, num_cpus: int | None = None) -> ModuleType:
+    """Join the cluster at ``address`` (``auto`` or ``HOST:PORT``), or start a local instance."""
+    ray = require_ray()
+    if ray.is_initialized():
+        return ray
+    options: dict[str, Any] = {"include_dashboard": False, "logging_level": "warning",
+                               "log_to_driver": False}
+    if address:
+        try:
+            ray.init(address=address, **options)
+        except (ConnectionError, RuntimeError, ValueError) as error:
+            raise ConfigError(f"--ray-address {address}: could not join a Ray cluster there ({error}); "
+                              "is one running (`ray start --head`)? With token authentication set "
+                              "RAY_AUTH_MODE=token and the cluster's token (~/.ray/auth_token)") from error
+    else:
+        ray.init(num_cpus=num_cpus or os.cpu_count() or 1, **options)
+    return ray
+
+
+def cluster_cpus(ray: ModuleType) -> int:
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+def cluster_gpus(ray: ModuleType) -> int:
+    return int(ray.cluster_resources().get("GPU", 0))
+
+
+def ship_plugins_by_value(ray: ModuleType, *objects: Any) -> None:
+    """Plugin classes (``--plugin FILE``) live in modules the workers cannot import: pickle the
+    modules of ``objects``' classes by value instead of by reference."""
+    for obj in objects:
+        for cls in type(obj).__mro__:
+            module = sys.modules.get(cls.__module__)
+            if module is not None and cls.__module__.startswith(PLUGIN_PREFIX):
+                ray.cloudpickle.register_pickle_by_value(module)
+        if hasattr(obj, "modules"):  # an nn.Module: its submodules' classes too
+            for sub in obj.modules():
+                name = type(sub).__module__
+                if name.startswith(PLUGIN_PREFIX) and name in sys.modules:
+                    ray.cloudpickle.register_pickle_by_value(sys.modules[name])

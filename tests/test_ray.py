@@ -1,0 +1,256 @@
+"""Ray (issue 12): ``--executor ray`` gives the sequential numbers for every built-in algorithm,
+survives a killed worker; ``sweep --ray`` writes what a local sweep writes, resumes, redoes a run
+whose worker died; without Ray both are one ``Error:`` line.
+
+The Ray tests share one local instance with 2 CPUs (module fixture) and skip when Ray is absent.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from pflbench.cli import cli
+from pflbench.config import RunConfig
+from pflbench.registry import ALGORITHMS
+from pflbench.runner import execute, prepare
+
+try:
+    import ray
+except ImportError:  # the Ray tests skip; the missing-Ray tests still run
+    ray = None
+
+needs_ray = pytest.mark.skipif(ray is None, reason='Ray is not installed (pip install "pflbench[ray]")')
+BUILT_IN = ("fedavg", "fedper", "fedrep", "fedprox", "local", "flexlora", "fedsdg")
+TIMES = ("round_time_s", "eval_time_s", "peak_mem_mb", "wall_time_s", "run_dir", "server_svd_time_s",
+         "round_time_s_mean")
+# as tests/test_algorithms.py: LoRA algorithms adapt the mlp's hidden layers on a random body
+TINY = dict(dataset="digits", model="mlp", num_clients=4, rounds=2, alpha=0.5, optimizer="adam",
+            lr=0.01, lora_targets="fc1,fc2", backbone="random")
+TINY_ARGS = ["--model", "mlp", "--num-clients", "4", "--rounds", "2", "--quiet"]
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, list(args))
+    return result.exit_code, result.output
+
+
+# ---- without Ray ---------------------------------------------------------------------------
+def test_executor_ray_without_ray_is_one_error_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    for args in (["run", "--executor", "ray"], ["sweep", "--ray"], ["sweep", "--ray-address", "auto"]):
+        code, output = invoke(*args, *TINY_ARGS, "--out", str(tmp_path))
+        assert code == 2, output
+        expected = 'Error: Ray is not installed; install the extra: pip install "pflbench[ray]"'
+        assert output.strip().splitlines() == [expected], output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_sweep_ray_refuses_nested_ray_executor(tmp_path: Path) -> None:
+    code, output = invoke("sweep", "--ray", "--executor", "ray", *TINY_ARGS, "--out", str(tmp_path))
+    assert code == 2 and "sweep --ray runs whole runs as Ray tasks" in output, output
+
+
+def test_tensors_shared_by_jobs_travel_once() -> None:
+    import torch
+
+    from pflbench.engine.ray_executor import SharedRef, pack, unpack
+
+    shared, own = torch.ones(3), torch.zeros(2)
+    store, packed = pack([{"w": shared, "b": own}, {"w": shared}, {"v": torch.full((1,), 2.0)}])
+    assert list(store.values())[0] is not None and len(store) == 1
+    assert isinstance(packed[0]["w"], SharedRef) and packed[1]["w"] == packed[0]["w"]
+    assert isinstance(packed[0]["b"], torch.Tensor)
+    back = unpack(packed[0], store, torch.device("cpu"))
+    assert torch.equal(back["w"], shared) and torch.equal(back["b"], own)
+
+
+# ---- with Ray ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def local_ray():
+    if ray is None:
+        pytest.skip("Ray is not installed")
+    from pflbench.engine import ray_executor
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
+    yield ray
+    ray_executor.release_pool()
+    if started:
+        ray.shutdown()
+
+
+def comparable(run_dir: Path) -> dict[str, Any]:
+    """Every number of a run folder except timings and memory (and where it was written)."""
+    rounds = [{k: v for k, v in json.loads(line).items() if k not in TIMES}
+              for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    summary = {k: v for k, v in json.loads((run_dir / "summary.json").read_text()).items() if k not in TIMES}
+    with open(run_dir / "clients.csv") as handle:
+        clients = list(csv.DictReader(handle))
+    return {"rounds": rounds, "summary": summary, "clients": clients,
+            "partition": json.loads((run_dir / "partition.json").read_text())}
+
+
+def run_folder(out: Path) -> Path:
+    (folder,) = (out / "runs").iterdir()
+    return folder
+
+
+@needs_ray
+@pytest.mark.parametrize("algo", BUILT_IN)
+def test_ray_executor_gives_the_sequential_numbers(algo: str, local_ray, tmp_path: Path) -> None:
+    assert algo in ALGORITHMS.names()
+    sequential = RunConfig(algo=algo, out=str(tmp_path / "seq"), **TINY)
+    on_ray = RunConfig(algo=algo, out=str(tmp_path / "ray"), executor="ray", ray_workers=2, **TINY)
+    execute(prepare(sequential))
+    prepared = prepare(on_ray)
+    assert prepared.executor.name == "ray" and len(prepared.executor.actors) == 2
+    execute(prepared)
+    seq_dir, ray_dir = run_folder(tmp_path / "seq"), run_folder(tmp_path / "ray")
+    assert seq_dir.name == ray_dir.name  # the same run: --executor ray is not part of the identity
+    assert comparable(ray_dir) == comparable(seq_dir)
+
+
+@needs_ray
+def test_program_and_data_are_shipped_once(local_ray, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pflbench.engine import ClientProgram
+
+    config = RunConfig(algo="fedprox", out=str(tmp_path), executor="ray", ray_workers=2, **{**TINY, "rounds": 3})
+    prepared = prepare(config)
+    put, shipped = local_ray.put, []
+    monkeypatch.setattr(local_ray, "put", lambda value, **kw: (shipped.append(type(value).__name__), put(value, **kw))[1])
+    execute(prepared)
+    program = type(prepared.algorithm.program).__name__
+    assert isinstance(prepared.algorithm.program, ClientProgram)
+    assert shipped.count(program) == 1, shipped  # the program once per run
+    # per call only the tensors several jobs share (the broadcast); model and data went at setup
+    assert set(shipped) == {program, "dict"}, shipped
+
+
+SMOOTH = '''
+import torch.nn.functional as F
+from pflbench import ClientProgram, register_algorithm
+from pflbench.algorithms.fedavg import FedAvg
+
+
+class Smooth(ClientProgram):
+    def loss_terms(self, forward, params, inputs, targets, received):
+        return {"task": F.cross_entropy(forward(params, inputs), targets, label_smoothing=0.2)}
+
+
+@register_algorithm("smoothavg_ray")
+class SmoothAvg(FedAvg):
+    program_class = Smooth
+'''
+
+
+@needs_ray
+def test_plugin_algorithm_from_a_file_runs_on_ray_actors(local_ray, tmp_path: Path) -> None:
+    from pflbench.registry import load_plugin_file
+
+    plugin = tmp_path / "smooth_plugin.py"
+    plugin.write_text(SMOOTH)
+    load_plugin_file(plugin)  # a module the actors cannot import: its classes travel by value
+    execute(prepare(RunConfig(algo="smoothavg_ray", out=str(tmp_path / "seq"), **TINY)))
+    execute(prepare(RunConfig(algo="smoothavg_ray", out=str(tmp_path / "ray"), executor="ray", **TINY)))
+    assert comparable(run_folder(tmp_path / "ray")) == comparable(run_folder(tmp_path / "seq"))
+
+
+@needs_ray
+def test_worker_killed_mid_round_is_replaced_and_numbers_are_unchanged(local_ray, tmp_path: Path) -> None:
+    settings = {**TINY, "rounds": 3}
+    execute(prepare(RunConfig(algo="fedper", out=str(tmp_path / "seq"), **settings)))
+    prepared = prepare(RunConfig(algo="fedper", out=str(tmp_path / "ray"), executor="ray", ray_workers=2, **settings))
+    executor = prepared.executor
+    pids = executor.pids()
+    killed: list[int] = []
+
+    def kill_once(slot: int, chunk: list[tuple]) -> None:  # right after round-2 jobs went to `slot`
+        if chunk[0][1] == 2 and not killed:
+            os.kill(pids[slot], signal.SIGKILL)
+            killed.append(pids[slot])
+
+    executor.after_submit = kill_once
+    execute(prepared)
+    assert killed and executor.replaced >= 1
+    assert comparable(run_folder(tmp_path / "ray")) == comparable(run_folder(tmp_path / "seq"))
+
+
+def read_record(out: Path) -> dict[str, Any]:
+    (path,) = (out / "sweeps").iterdir()
+    return json.loads(path.read_text())
+
+
+SWEEP = ["sweep", "--algos", "fedavg,fedprox", "--seeds", "0", "--alphas", "0.5", "--set", "mu=0.1", *TINY_ARGS]
+
+
+@needs_ray
+def test_sweep_on_ray_writes_what_a_local_sweep_writes_and_resumes(local_ray, tmp_path: Path) -> None:
+    code, output = invoke(*SWEEP, "--out", str(tmp_path / "local"))
+    assert code == 0 and "2 done" in output, output
+    code, output = invoke(*SWEEP, "--ray", "--cpus-per-run", "1", "--out", str(tmp_path / "ray"))
+    assert code == 0 and "2 done, 0 skipped" in output, output
+    local_runs = sorted((tmp_path / "local" / "runs").iterdir())
+    ray_runs = sorted((tmp_path / "ray" / "runs").iterdir())
+    assert [p.name for p in ray_runs] == [p.name for p in local_runs]
+    for local_dir, ray_dir in zip(local_runs, ray_runs):
+        assert sorted(p.name for p in ray_dir.iterdir()) == sorted(p.name for p in local_dir.iterdir())
+        assert comparable(ray_dir) == comparable(local_dir)
+        config = json.loads((ray_dir / "config.json").read_text())
+        assert config["out"] == str(tmp_path / "ray") and config["command"] == sys.argv
+        summary = json.loads((ray_dir / "summary.json").read_text())
+        assert summary["run_dir"] == str(ray_dir)
+    assert read_record(tmp_path / "ray")["counts"]["done"] == 2
+    (ray_runs[0] / "summary.json").unlink()  # an unfinished run: the rerun redoes only it
+    code, output = invoke(*SWEEP, "--ray", "--out", str(tmp_path / "ray"))
+    assert code == 0 and "1 done, 1 skipped" in output, output
+
+
+CRASHY = '''
+import os, signal
+from pathlib import Path
+from pflbench import register_algorithm
+from pflbench.algorithms.fedavg import FedAvg
+from pflbench.engine import ClientProgram
+from pflbench.engine.local import standard_local_update
+
+MARKER = Path({marker!r})
+
+
+class CrashOnce(ClientProgram):
+    def local_update(self, trainer):
+        if trainer.job.round == 2 and not MARKER.exists():  # the first attempt dies mid-run
+            MARKER.write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return standard_local_update(self, trainer)
+
+
+@register_algorithm("crashonce")
+class CrashOnceAvg(FedAvg):
+    program_class = CrashOnce
+'''
+
+
+@needs_ray
+def test_sweep_run_whose_worker_died_is_redone_once(local_ray, tmp_path: Path) -> None:
+    marker = tmp_path / "killed"
+    plugin = tmp_path / "crashonce.py"
+    plugin.write_text(CRASHY.format(marker=str(marker)))
+    args = ["sweep", "--algos", "fedavg,crashonce", "--plugin", str(plugin), *TINY_ARGS, "--rounds", "3"]
+    code, output = invoke(*args, "--ray", "--out", str(tmp_path / "ray"))
+    assert code == 0 and "2 done, 0 skipped (already finished), 0 failed" in output, output
+    assert marker.is_file(), "the crashing attempt never ran"
+    record = read_record(tmp_path / "ray")
+    assert record["counts"]["done"] == 2 and len(record["runs"]) == 2
+    folders = {p.name.split("__")[0]: p for p in (tmp_path / "ray" / "runs").iterdir()}
+    assert sorted(folders) == ["crashonce", "fedavg"]
+    rounds = [comparable(folders[a])["rounds"] for a in ("crashonce", "fedavg")]
+    assert rounds[0] == rounds[1]  # the redone run's numbers are those of an undisturbed FedAvg
