@@ -89,8 +89,13 @@ class RunConfig:
     eval_every: int | None = option(None, "Evaluate every N rounds [default: 1 up to 100 rounds, "
                                     "else rounds/100]; the last round is always evaluated.")
     device: str = option("cpu", "Torch device: cpu, cuda, cuda:1, ...")
-    executor: str = option("sequential", "How clients train: sequential (one after another).",
-                           choices=("sequential",))
+    executor: str = option("sequential", "How clients train: sequential (one after another); vmap "
+                           "(the sampled clients train together, vectorized with torch.func; "
+                           "same numbers to floating-point tolerance).", choices=("sequential", "vmap"))
+    threads: int = option(1, "CPU threads of torch's operations; 0 = every usable core. 1 suits "
+                          "the small models of FL benchmarks and never collapses on a busy or shared "
+                          "machine (many threads spin-wait on each other there). Not part of the run "
+                          "identity.")
     out: str = option("results", "Output folder; the run goes to OUT/runs/<name>/.")
 
     @property
@@ -148,7 +153,7 @@ class RunConfig:
 
     @property
     def runtime_spec(self) -> RuntimeSpec:
-        return RuntimeSpec(self.seed, self.device, self.executor, self.out)
+        return RuntimeSpec(self.seed, self.device, self.executor, self.out, self.threads)
 
 
 # Settings left unset (None) that no algorithm or sweep gave a value: the plain defaults.
@@ -266,6 +271,7 @@ class RuntimeSpec:
     device: str
     executor: str
     out: str
+    threads: int
 
 
 def resolve(config: RunConfig, algorithm: Any, hparams: Any,
@@ -356,6 +362,7 @@ def validate(config: RunConfig) -> None:
         (math.isfinite(config.max_grad_norm) and config.max_grad_norm >= 0,
          f"--max-grad-norm must be ≥ 0 (0 = no clipping), got {config.max_grad_norm}"),
         (config.seed >= 0, f"--seed must be ≥ 0, got {config.seed}"),
+        (config.threads >= 0, f"--threads must be ≥ 0 (0 = every usable core), got {config.threads}"),
         (config.momentum >= 0 and config.weight_decay >= 0, "--momentum and --weight-decay must be ≥ 0"),
         (0 <= config.public_frac < 1, f"--public-frac must be in [0, 1), got {config.public_frac}"),
         (config.lora_rank is None or config.lora_rank >= 1, f"--lora-rank must be ≥ 1, got {config.lora_rank}"),

@@ -30,6 +30,7 @@ from .pretrain import initial_weights, load_initial_weights, public_split
 from .registry import ALGORITHMS
 from .results import RunWriter
 from .seeding import derive_seed, rng_stream
+from .threads import apply_threads
 
 
 @dataclass
@@ -126,7 +127,7 @@ def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None,
     if config.executor not in EXECUTORS:
         raise ConfigError(f"--executor {config.executor!r} is not one of: {', '.join(EXECUTORS)}")
     lora_rank = algorithm_class.lora_rank(config, hparams)
-    resolved: dict[str, Any] = {"run_defaults": applied}
+    resolved: dict[str, Any] = {"run_defaults": applied, "threads": apply_threads(config.threads)}
     device = resolve_device(config.device)
     dataset = load_dataset(config.dataset, config.dataset_options())
     # a preset partition sets K; a --num-clients other than the default must agree with it
@@ -145,6 +146,9 @@ def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None,
     data = FederatedData(dataset, split.train, split.test, device)
     algorithm = algorithm_class(config, hparams, model, data.num_train)
     executor = EXECUTORS[config.executor](model, data)
+    check = getattr(executor, "check_algorithm", None)
+    if check is not None:  # an executor refuses what it cannot host now, not mid-run
+        check(algorithm)
     run_dir = Path(config.out) / "runs" / run_name(config, algorithm_class, hparams)
     return PreparedRun(config, algorithm, executor, split, dataset, data, run_dir, resolved)
 

@@ -31,7 +31,7 @@ def _sweep_axes(sets: tuple[str, ...], values: dict[str, Any], run_fields: set[s
 
 
 def _sweep_callback(algos: str, datasets: str, alphas: str, seeds: str, sets: tuple[str, ...],
-                    quiet: bool, plugin: tuple[str, ...], **values: Any) -> int:
+                    jobs: int, quiet: bool, plugin: tuple[str, ...], **values: Any) -> int:
     from pathlib import Path
 
     from ..sweep import Grid, count_statuses, expand_grid, run_sweep, split_values, sweep_record_path
@@ -56,7 +56,7 @@ def _sweep_callback(algos: str, datasets: str, alphas: str, seeds: str, sets: tu
     if not quiet:
         click.echo(f"sweep: {len(runs)} runs into {Path(base.out) / 'runs'}")
     try:
-        run_sweep(runs, record, grid, base, plugin, report)
+        run_sweep(runs, record, grid, base, plugin, report, jobs=jobs)
     except KeyboardInterrupt:
         counts = count_statuses(runs)
         click.echo(f"sweep interrupted: {counts['done']} done, {counts['skipped']} skipped, "
@@ -92,6 +92,10 @@ sweep = RunCommand(
                          help="Another grid axis: a run option (lr=0.01,0.05) or an algorithm "
                               "hyperparameter (mu=0.01,0.1; only for the algorithms that have it). Repeatable."),
             *dataclass_options(RunConfig, SWEEP_SHARED),
+            click.Option(["--jobs", "-j"], type=click.IntRange(min=1), default=1, show_default=True,
+                         help="Runs at once, each in its own process with max(1, threads // jobs) "
+                              "threads (--threads 0: every usable core). Same metrics as --jobs 1 "
+                              "at equal threads per run."),
             click.Option(["--quiet", "-q"], is_flag=True, help="Print only the final summary."),
             click.Option(["--plugin"], multiple=True, type=str,
                          help="Python file that registers an algorithm/dataset/model (repeatable).")])

@@ -1,6 +1,7 @@
 """The one round loop: sample → jobs → executor → aggregate → evaluate → observers."""
 from __future__ import annotations
 
+import dataclasses
 import resource
 import time
 from typing import Any, Sequence
@@ -25,22 +26,38 @@ class Federation:
         self.config = algorithm.config
         self.num_test = np.asarray(num_test)
         self.sampling_rng = rng_stream(self.config.seed, "sampling")
+        self.num_train = list(algorithm.num_train)
 
     def sample_clients(self) -> list[int]:
         k, m = self.config.num_clients, self.config.sampled_per_round
         return sorted(int(c) for c in self.sampling_rng.choice(k, size=m, replace=False))
 
     def train_round(self, round_index: int, sampled: list[int]) -> list[ClientUpdate]:
+        """Train the sampled clients and aggregate. Under a streaming aggregation
+        (``Algorithm.streaming_aggregate``) each upload is folded in as it arrives and the
+        returned updates keep no params (memory: the private states, not every upload)."""
         algorithm = self.algorithm
         jobs = [ClientJob(k, round_index, derive_seed(self.config.seed, "train", round_index, k),
                           algorithm.broadcast(k), algorithm.store.get(k)) for k in sampled]
-        updates = self.executor.train(algorithm.program, jobs)
-        for job, update in zip(jobs, updates):
+        self._bytes_down = sum(tensor_bytes(job.received) for job in jobs)
+        self._bytes_up = 0
+        stream = algorithm.streaming_aggregate([self.num_train[k] for k in sampled])
+        train = getattr(self.executor, "train_iter", self.executor.train)
+        updates = []
+        for job, update in zip(jobs, train(algorithm.program, jobs)):
             if update.private:
                 algorithm.store.put(update.client_id, update.private)
             for observer in self.observers:
                 observer.on_client_update(job, update)
-        self._bytes_down = sum(tensor_bytes(job.received) for job in jobs)
+            self._bytes_up += tensor_bytes(update.params)
+            if stream is not None:
+                stream.add(update)
+                update = dataclasses.replace(update, params={}, private={})
+            updates.append(update)
+        if stream is not None:
+            stream.finish()
+        else:
+            algorithm.aggregate(updates)
         return updates
 
     def evaluate(self) -> tuple[dict[str, Any], np.ndarray]:
@@ -51,11 +68,15 @@ class Federation:
             (correct,) = self.executor.evaluate(algorithm.program, [EvalJob(algorithm.global_model(), everyone)])
             global_correct = correct
         else:
-            jobs = [EvalJob(algorithm.personal_model(k), (k,)) for k in everyone]
+            personal = [algorithm.personal_model(k) for k in everyone]
+            split = getattr(self.executor, "evaluate_split", None)
+            heads = split(algorithm.program, personal) if split is not None else None
+            jobs = [] if heads is not None else [EvalJob(state, (k,)) for k, state in enumerate(personal)]
+            del personal
             if algorithm.has_global_model:
                 jobs.append(EvalJob(algorithm.global_model(), everyone))
-            results = self.executor.evaluate(algorithm.program, jobs)
-            correct = np.concatenate(results[:num_clients])
+            results = self.executor.evaluate(algorithm.program, jobs) if jobs else []
+            correct = heads if heads is not None else np.concatenate(results[:num_clients])
             global_correct = results[-1] if algorithm.has_global_model else None
         metrics = accuracy_metrics(correct, self.num_test)
         metrics["global_acc"] = None
@@ -73,10 +94,8 @@ class Federation:
         for round_index in range(1, config.rounds + 1):
             started = time.perf_counter()
             sampled = self.sample_clients()
-            updates = self.train_round(round_index, sampled)
-            bytes_up = sum(tensor_bytes(u.params) for u in updates)
-            bytes_down = self._bytes_down
-            algorithm.aggregate(updates)
+            updates = self.train_round(round_index, sampled)  # trained and aggregated
+            bytes_up, bytes_down = self._bytes_up, self._bytes_down
             bytes_up_total += bytes_up
             bytes_down_total += bytes_down
             record: dict[str, Any] = {"round": round_index, "clients": sampled}

@@ -1,0 +1,169 @@
+"""``--executor vmap``: the sampled clients of a round train together with ``torch.func``.
+
+The clients' assembled states are stacked along a new leading dimension; every local step is one
+``vmap(grad(loss))`` over the clients (``functional_call`` of the one model), followed by a
+functional SGD or Adam step built from the program's ``OptimizerSpec`` (param groups, momentum,
+weight decay, betas, gradient clipping per client). Each client draws exactly the batches the
+sequential executor draws (its job's seeded generator, ``FederatedData.train_batch_indices``), so
+the numbers match ``sequential`` to floating-point tolerance.
+
+Clients with unequal numbers of batches: at step t of a phase the clients that still have a batch
+are bucketed by batch size; a client without one takes no step (its parameters and optimizer state
+stay as they are). A phase (``LocalPhase``) differentiates with respect to its subset only.
+
+What it cannot host is refused when the run is prepared (``check_algorithm``), never silently run
+sequentially. Evaluation is the sequential executor's.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from ..errors import ConfigError
+from .algorithm import ClientProgram
+from .executor import SequentialExecutor
+from .local import LocalResult, mean_terms
+from .types import ClientJob, ClientUpdate, OptimizerSpec, Tensors
+from .vmap_optim import FunctionalOptimizer
+
+MAX_CLIENTS_AT_ONCE = 128  # clients stacked together (memory: this many model copies + optimizer state)
+
+
+def unsupported_reason(algorithm, model: nn.Module) -> str | None:
+    """Why ``--executor vmap`` cannot run ``algorithm`` on ``model`` (None: it can)."""
+    program, name = algorithm.program, type(algorithm).__name__
+    if type(program).local_update is not ClientProgram.local_update:
+        return f"{name}'s client program overrides local_update (a custom local training loop)"
+    for module_name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats:
+            return f"BatchNorm layer {module_name!r} updates running statistics while training"
+        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+            return f"dropout layer {module_name!r} draws random numbers (not reproducible per client)"
+        if isinstance(module, nn.RNNBase):
+            return f"recurrent layer {module_name!r} does not run under torch.func.vmap"
+    if program.optimizer().kind not in ("sgd", "adam"):
+        return f"optimizer {program.optimizer().kind!r} has no functional version (sgd, adam)"
+    floats = set(algorithm.layout.trainable) | {n for n, b in model.named_buffers() if b.is_floating_point()}
+    state = program.assemble(algorithm.broadcast(0), algorithm.store.get(0))
+    odd = sorted(n for n, t in state.items() if n not in floats or not t.is_floating_point())
+    if odd:
+        return (f"{name} gives each client model state that is not a float parameter or buffer "
+                f"({', '.join(odd[:3])}; e.g. per-client LoRA ranks) and cannot be stacked")
+    phases = [[p.trainable for p in program.local_phases(k)] for k in range(algorithm.config.num_clients)]
+    if any(p != phases[0] for p in phases):
+        return f"{name}'s clients train different parameter subsets (local_phases differ per client)"
+    return None
+
+
+class VmapExecutor(SequentialExecutor):
+    """Trains the sampled clients together (vectorized); evaluates like ``SequentialExecutor``."""
+
+    name = "vmap"
+
+    def __init__(self, model: nn.Module, data) -> None:
+        super().__init__(model, data)
+        self.buffers = {n for n, b in model.named_buffers()}
+
+    def check_algorithm(self, algorithm) -> None:
+        reason = unsupported_reason(algorithm, self.model)
+        if reason is not None:
+            raise ConfigError(f"--executor vmap cannot run this: {reason}; use --executor sequential")
+
+    def train_iter(self, program: ClientProgram, jobs: Sequence[ClientJob]) -> Iterator[ClientUpdate]:
+        for start in range(0, len(jobs), MAX_CLIENTS_AT_ONCE):
+            yield from self.train_together(program, jobs[start:start + MAX_CLIENTS_AT_ONCE])
+
+    def train_together(self, program: ClientProgram, jobs: Sequence[ClientJob]) -> list[ClientUpdate]:
+        self.model.train()
+        states = [program.assemble(job.received, job.private) for job in jobs]
+        stacked = {n: torch.stack([s[n].detach() for s in states]) for n in states[0]}
+        del states
+        same_received = all(job.received is jobs[0].received for job in jobs)
+        received = jobs[0].received if same_received else \
+            {n: torch.stack([job.received[n] for job in jobs]) for n in jobs[0].received}
+        module_tensors = {n: t for n, t in self.tensors.items() if n not in stacked}
+        generators = [torch.Generator().manual_seed(job.seed) for job in jobs]
+        batch_size, spec = program.local.batch_size, program.optimizer()
+        total = torch.zeros(len(jobs), device=self.data.device)
+        sums: dict[str, torch.Tensor] = {}
+        steps = [0] * len(jobs)
+        for phase in program.local_phases(jobs[0].client_id):
+            plans = []
+            for job, generator in zip(jobs, generators):
+                plan = []
+                for _ in range(phase.epochs):
+                    plan += self.data.train_batch_indices(job.client_id, batch_size, generator)
+                plans.append(plan)
+            names = [n for n in program.layout.trainable if n in phase.trainable]
+            self._run_phase(program, spec, names, plans, stacked, module_tensors, received,
+                            same_received, total, sums, steps)
+        return [self._update(program, job, i, stacked, module_tensors, total, sums, steps[i])
+                for i, job in enumerate(jobs)]
+
+    def _run_phase(self, program: ClientProgram, spec: OptimizerSpec, names: list[str],
+                   plans: list[list[torch.Tensor]], stacked: Tensors, module_tensors: Tensors,
+                   received: Tensors, same_received: bool, total: torch.Tensor,
+                   sums: dict[str, torch.Tensor], steps: list[int]) -> None:
+        if not names:
+            return
+        optimizer = FunctionalOptimizer(spec, names, {n: stacked[n] for n in names})
+        step_grad = vmap(grad(self._loss_function(program), has_aux=True),
+                         in_dims=(0, 0, None, 0, 0, None if same_received else 0))
+        everyone = len(plans)
+        for t in range(max(len(plan) for plan in plans)):
+            buckets: dict[int, list[int]] = {}
+            for i, plan in enumerate(plans):
+                if t < len(plan):
+                    buckets.setdefault(len(plan[t]), []).append(i)
+            for clients in buckets.values():
+                whole = len(clients) == everyone
+                rows = None if whole else torch.tensor(clients, device=self.data.device)
+                take = (lambda t_: t_) if whole else (lambda t_: t_.index_select(0, rows))
+                trained = {n: take(stacked[n]) for n in names}
+                fixed = {n: take(v) for n, v in stacked.items() if n not in trained}
+                inputs, targets = self.data.gather(torch.stack([plans[i][t] for i in clients]))
+                anchor = received if same_received else {n: take(v) for n, v in received.items()}
+                grads, (loss, terms) = step_grad(trained, fixed, module_tensors, inputs, targets, anchor)
+                new = optimizer.step(trained, grads, t + 1, rows)
+                for n in names:
+                    if whole:
+                        stacked[n] = new[n]
+                    else:
+                        stacked[n].index_copy_(0, rows, new[n])
+                index = torch.tensor(clients, device=self.data.device)
+                total.index_add_(0, index, loss.detach())
+                for term, value in terms.items():
+                    sums.setdefault(term, torch.zeros_like(total)).index_add_(0, index, value.detach())
+                for i in clients:
+                    steps[i] += 1
+
+    def _loss_function(self, program: ClientProgram):
+        model, buffers, weights = self.model, self.buffers, program.loss_weights
+
+        def loss(trained: Tensors, fixed: Tensors, module_tensors: Tensors, inputs: torch.Tensor,
+                 targets: torch.Tensor, received: Tensors):
+            state = {**module_tensors, **fixed, **trained}
+            own_buffers = {n: t for n, t in state.items() if n in buffers}
+            params = {n: t for n, t in state.items() if n not in buffers}
+
+            def forward(p: Tensors, x: torch.Tensor) -> torch.Tensor:
+                return functional_call(model, {**own_buffers, **p}, (x,), strict=False)
+
+            terms = program.loss_terms(forward, params, inputs, targets, received)
+            value = sum(weights.get(n, 1.0) * t for n, t in terms.items())
+            return value, (value, terms)
+
+        return loss
+
+    def _update(self, program: ClientProgram, job: ClientJob, i: int, stacked: Tensors,
+                module_tensors: Tensors, total: torch.Tensor, sums: dict[str, torch.Tensor],
+                steps: int) -> ClientUpdate:
+        state = {**module_tensors, **{n: t[i] for n, t in stacked.items()}}
+        result: LocalResult = mean_terms(total[i], {n: s[i] for n, s in sums.items()}, steps)
+        upload = program.upload(state, job.received)
+        private = program.private_state(state, job.private)
+        return ClientUpdate(job.client_id, self.data.num_train[job.client_id], upload,
+                            result.loss_terms, result.loss, private)
