@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from pflbench.config import RunConfig, run_identity
+from pflbench.config import RunConfig, resolve, run_identity
 from pflbench.registry import ALGORITHMS, load_plugin_file
-from pflbench.runner import prepare
+from pflbench.runner import config_record, prepare
 from pflbench.sweep import Grid, expand_grid, run_sweep
 from pflbench.threads import threads_per_job, usable_cores
 
@@ -22,11 +22,13 @@ def test_threads_default_is_one_recorded_and_not_part_of_the_identity(tmp_path) 
     config = RunConfig(model="mlp", num_clients=3, rounds=1, out=str(tmp_path), threads=2)
     algorithm = ALGORITHMS.get("fedavg")
     hparams = algorithm.hyperparameters()
+    config, _ = resolve(config, algorithm, hparams)
     assert run_identity(config, algorithm, hparams) == \
         run_identity(dataclasses.replace(config, threads=1), algorithm, hparams)
     try:
         prepared = prepare(config)
         assert torch.get_num_threads() == 2 and prepared.resolved["threads"] == 2
+        assert config_record(prepared)["threads"] == 2
     finally:
         torch.set_num_threads(1)
 
@@ -40,7 +42,7 @@ def test_threads_per_job_splits_the_total() -> None:
 def finished(out: Path) -> dict[str, list[dict]]:
     result = {}
     for run in sorted((out / "runs").iterdir()):
-        if (run / "rounds.jsonl").is_file():
+        if (run / "summary.json").is_file():
             result[run.name] = [{k: v for k, v in json.loads(line).items() if k not in TIMING}
                                 for line in (run / "rounds.jsonl").read_text().splitlines()]
     return result
@@ -58,10 +60,10 @@ def test_sweep_jobs_2_gives_the_metrics_of_jobs_1_and_keeps_skip_and_errors(tmp_
                 raise RuntimeError("boom on purpose")
     '''))
     load_plugin_file(plugin)
-    grid = Grid(("fedavg", "fedper", "test_jobs_boom"), ("digits",), (0.5,), (0, 1))
+    grid = Grid(("fedavg", "fedper", "test_jobs_boom"), ("digits",), (0.5,), (0,))
     outputs = {}
     for jobs in (1, 2):
-        base = RunConfig(model="mlp", num_clients=4, rounds=2, lr=0.05, out=str(tmp_path / f"jobs{jobs}"))
+        base = RunConfig(model="mlp", num_clients=3, rounds=1, lr=0.05, out=str(tmp_path / f"jobs{jobs}"))
         runs = expand_grid(base, grid)
         reported = []
         run_sweep(runs, tmp_path / f"record{jobs}.json", grid, base, (str(plugin),),
@@ -73,8 +75,8 @@ def test_sweep_jobs_2_gives_the_metrics_of_jobs_1_and_keeps_skip_and_errors(tmp_
         assert all("boom on purpose" in r.error and (r.run_dir / "error.json").is_file() for r in failed)
         outputs[jobs] = finished(Path(base.out))
         record = json.loads((tmp_path / f"record{jobs}.json").read_text())
-        assert record["counts"]["done"] == 4 and record["counts"]["failed"] == 2
-    assert outputs[1] == outputs[2] and len(outputs[1]) == 4
+        assert record["counts"]["done"] == 2 and record["counts"]["failed"] == 1
+    assert outputs[1] == outputs[2] and len(outputs[1]) == 2
     runs = expand_grid(base, grid)  # rerun: finished runs are skipped, the failed ones retried
     run_sweep(runs, tmp_path / "again.json", grid, base, (str(plugin),), jobs=2)
-    assert sorted(r.status for r in runs) == ["done"] * 0 + ["failed"] * 2 + ["skipped"] * 4
+    assert sorted(r.status for r in runs) == ["failed", "skipped", "skipped"]

@@ -12,6 +12,7 @@ import torch
 from pflbench import ClientProgram, ConfigError, OptimizerSpec, register_algorithm
 from pflbench.algorithms.fedavg import FedAvg
 from pflbench.config import RunConfig
+from pflbench.engine.vmap import contiguous_runs
 from pflbench.engine.vmap_optim import FunctionalOptimizer
 from pflbench.runner import prepare, run_experiment
 
@@ -45,6 +46,7 @@ CASES = {
     "fedrep": ("fedrep", {}, {"head_epochs": 2}),
     "fedper_cnn": ("fedper", {"model": "cnn", "rounds": 1}, {}),
     "fedavg_lora": ("fedavg", {"lora_rank": 2, "optimizer": "adam", "lr": 0.003}, {}),
+    "fedsdg": ("fedsdg", {"rounds": 1, "optimizer": "adam", "lr": 0.01}, {}),
 }
 
 
@@ -82,15 +84,15 @@ def test_vmap_refuses_what_it_cannot_host_at_prepare(settings: dict, reason: str
 
 
 def test_a_client_without_a_batch_takes_no_step() -> None:
-    """Masked steps: rows not in the call keep their parameters and optimizer state."""
-    spec = OptimizerSpec(kind="adam", lr=0.1)
+    """Clients are stepped in contiguous runs of equal batch size; the others keep their
+    parameters and optimizer state."""
+    assert contiguous_runs([32, 32, 5, 0, 32]) == [slice(0, 2), slice(2, 3), slice(4, 5)]
     params = {"w": torch.ones(3, 2)}
-    optimizer = FunctionalOptimizer(spec, ["w"], params)
-    rows = torch.tensor([0, 2])
-    new = optimizer.step({"w": params["w"][rows]}, {"w": torch.ones(2, 2)}, 1, rows)
-    assert new["w"].shape == (2, 2) and not torch.equal(new["w"], torch.ones(2, 2))
+    optimizer = FunctionalOptimizer(OptimizerSpec(kind="adam", lr=0.1), ["w"], params)
+    optimizer.step_({"w": params["w"][0:2]}, {"w": torch.ones(2, 2)}, 1, slice(0, 2))
     exp_avg, exp_avg_sq = optimizer.state["w"]
-    assert torch.equal(exp_avg[1], torch.zeros(2)) and torch.equal(exp_avg_sq[1], torch.zeros(2))
+    assert torch.equal(params["w"][2], torch.ones(2)) and not torch.equal(params["w"][0], torch.ones(2))
+    assert torch.equal(exp_avg[2], torch.zeros(2)) and torch.equal(exp_avg_sq[2], torch.zeros(2))
     assert exp_avg[0].abs().sum() > 0
 
 
@@ -101,7 +103,7 @@ def test_functional_sgd_matches_torch_optim() -> None:
     optimizer = FunctionalOptimizer(spec, ["w"], {"w": start})
     value = start.clone()
     for step, g in enumerate(grads, 1):
-        value = optimizer.step({"w": value}, {"w": g}, step, None)["w"]
+        optimizer.step_({"w": value}, {"w": g}, step, slice(0, 2))
     for client in range(2):
         p = torch.nn.Parameter(start[client].clone())
         reference = torch.optim.SGD([p], lr=0.1, momentum=0.9, weight_decay=0.01)

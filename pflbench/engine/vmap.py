@@ -58,6 +58,17 @@ def unsupported_reason(algorithm, model: nn.Module) -> str | None:
     return None
 
 
+def contiguous_runs(sizes: list[int]) -> list[slice]:
+    """Slices of consecutive equal nonzero ``sizes`` (clients with a batch of one size)."""
+    runs, start = [], 0
+    for i in range(1, len(sizes) + 1):
+        if i == len(sizes) or sizes[i] != sizes[start]:
+            if sizes[start]:
+                runs.append(slice(start, i))
+            start = i
+    return runs
+
+
 class VmapExecutor(SequentialExecutor):
     """Trains the sampled clients together (vectorized); evaluates like ``SequentialExecutor``."""
 
@@ -77,68 +88,61 @@ class VmapExecutor(SequentialExecutor):
             yield from self.train_together(program, jobs[start:start + MAX_CLIENTS_AT_ONCE])
 
     def train_together(self, program: ClientProgram, jobs: Sequence[ClientJob]) -> list[ClientUpdate]:
+        """One chunk of clients. Every client's batches are drawn first (its job's generator, phase
+        by phase, epoch by epoch: the sequential order); clients are stacked sorted by their batch
+        sizes, so that at every step the clients with equal batch sizes are contiguous slices of
+        the stack (views: no copies) and a client whose batches are exhausted is left alone."""
         self.model.train()
-        states = [program.assemble(job.received, job.private) for job in jobs]
+        batch_size = program.local.batch_size
+        phases = program.local_phases(jobs[0].client_id)
+        plans: list[list[list[torch.Tensor]]] = []  # client → phase → batches
+        for job in jobs:
+            generator = torch.Generator().manual_seed(job.seed)
+            plans.append([[batch for _ in range(phase.epochs)
+                           for batch in self.data.train_batch_indices(job.client_id, batch_size, generator)]
+                          for phase in phases])
+        order = sorted(range(len(jobs)), key=lambda i: [[-len(p) for p in plans[i]],
+                                                        [[len(b) for b in p] for p in plans[i]]])
+        states = [program.assemble(jobs[i].received, jobs[i].private) for i in order]
         stacked = {n: torch.stack([s[n].detach() for s in states]) for n in states[0]}
         del states
         same_received = all(job.received is jobs[0].received for job in jobs)
         received = jobs[0].received if same_received else \
-            {n: torch.stack([job.received[n] for job in jobs]) for n in jobs[0].received}
+            {n: torch.stack([jobs[i].received[n] for i in order]) for n in jobs[0].received}
         module_tensors = {n: t for n, t in self.tensors.items() if n not in stacked}
-        generators = [torch.Generator().manual_seed(job.seed) for job in jobs]
-        batch_size, spec = program.local.batch_size, program.optimizer()
         total = torch.zeros(len(jobs), device=self.data.device)
         sums: dict[str, torch.Tensor] = {}
-        steps = [0] * len(jobs)
-        for phase in program.local_phases(jobs[0].client_id):
-            plans = []
-            for job, generator in zip(jobs, generators):
-                plan = []
-                for _ in range(phase.epochs):
-                    plan += self.data.train_batch_indices(job.client_id, batch_size, generator)
-                plans.append(plan)
+        spec = program.optimizer()
+        for p, phase in enumerate(phases):
             names = [n for n in program.layout.trainable if n in phase.trainable]
-            self._run_phase(program, spec, names, plans, stacked, module_tensors, received,
-                            same_received, total, sums, steps)
-        return [self._update(program, job, i, stacked, module_tensors, total, sums, steps[i])
+            self._run_phase(program, spec, names, [plans[i][p] for i in order], stacked,
+                            module_tensors, received, same_received, total, sums)
+        position = {i: row for row, i in enumerate(order)}
+        return [self._update(program, job, position[i], stacked, module_tensors, total, sums,
+                             sum(len(batches) for batches in plans[i]))
                 for i, job in enumerate(jobs)]
 
     def _run_phase(self, program: ClientProgram, spec: OptimizerSpec, names: list[str],
                    plans: list[list[torch.Tensor]], stacked: Tensors, module_tensors: Tensors,
                    received: Tensors, same_received: bool, total: torch.Tensor,
-                   sums: dict[str, torch.Tensor], steps: list[int]) -> None:
-        if not names:
+                   sums: dict[str, torch.Tensor]) -> None:
+        if not names or not any(plans):
             return
         optimizer = FunctionalOptimizer(spec, names, {n: stacked[n] for n in names})
         step_grad = vmap(grad(self._loss_function(program), has_aux=True),
                          in_dims=(0, 0, None, 0, 0, None if same_received else 0))
-        everyone = len(plans)
         for t in range(max(len(plan) for plan in plans)):
-            buckets: dict[int, list[int]] = {}
-            for i, plan in enumerate(plans):
-                if t < len(plan):
-                    buckets.setdefault(len(plan[t]), []).append(i)
-            for clients in buckets.values():
-                whole = len(clients) == everyone
-                rows = None if whole else torch.tensor(clients, device=self.data.device)
-                take = (lambda t_: t_) if whole else (lambda t_: t_.index_select(0, rows))
-                trained = {n: take(stacked[n]) for n in names}
-                fixed = {n: take(v) for n, v in stacked.items() if n not in trained}
-                inputs, targets = self.data.gather(torch.stack([plans[i][t] for i in clients]))
-                anchor = received if same_received else {n: take(v) for n, v in received.items()}
+            sizes = [len(plan[t]) if t < len(plan) else 0 for plan in plans]
+            for rows in contiguous_runs(sizes):
+                trained = {n: stacked[n][rows] for n in names}
+                fixed = {n: v[rows] for n, v in stacked.items() if n not in trained}
+                inputs, targets = self.data.gather(torch.stack([plans[i][t] for i in range(rows.start, rows.stop)]))
+                anchor = received if same_received else {n: v[rows] for n, v in received.items()}
                 grads, (loss, terms) = step_grad(trained, fixed, module_tensors, inputs, targets, anchor)
-                new = optimizer.step(trained, grads, t + 1, rows)
-                for n in names:
-                    if whole:
-                        stacked[n] = new[n]
-                    else:
-                        stacked[n].index_copy_(0, rows, new[n])
-                index = torch.tensor(clients, device=self.data.device)
-                total.index_add_(0, index, loss.detach())
+                optimizer.step_(trained, grads, t + 1, rows)  # in place: the slices are views of the stack
+                total[rows] += loss.detach()
                 for term, value in terms.items():
-                    sums.setdefault(term, torch.zeros_like(total)).index_add_(0, index, value.detach())
-                for i in clients:
-                    steps[i] += 1
+                    sums.setdefault(term, torch.zeros_like(total))[rows] += value.detach()
 
     def _loss_function(self, program: ClientProgram):
         model, buffers, weights = self.model, self.buffers, program.loss_weights

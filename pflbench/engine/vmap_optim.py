@@ -24,7 +24,7 @@ def per_client(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def clip_per_client(grads: Tensors, max_norm: float) -> Tensors:
     """Each client's gradients scaled by min(1, max_norm / (‖its gradient‖ + 1e-6))."""
-    norms = torch.stack([torch.linalg.vector_norm(g.flatten(1), 2, dim=1) for g in grads.values()], dim=1)
+    norms = torch.stack([torch.linalg.vector_norm(g.reshape(len(g), -1), 2, dim=1) for g in grads.values()], dim=1)
     total = torch.linalg.vector_norm(norms, 2, dim=1)
     coefficient = (max_norm / (total + CLIP_EPS)).clamp(max=1.0)
     return {n: g * per_client(coefficient, g) for n, g in grads.items()}
@@ -48,45 +48,33 @@ class FunctionalOptimizer:
         elif spec.momentum:
             self.state = {n: [torch.zeros_like(params[n])] for n in names}
 
-    def step(self, params: Tensors, grads: Tensors, step: int, rows: torch.Tensor | None) -> Tensors:
-        """New values of ``params`` (the clients ``rows`` of the stack, None: all) after their
+    def step_(self, params: Tensors, grads: Tensors, step: int, rows: slice) -> None:
+        """Update ``params`` in place (the clients ``rows`` of the stack, views) by their
         ``step``-th step (1-based; the same for every client of one call)."""
         spec = self.spec
         if spec.max_grad_norm is not None:
             grads = clip_per_client(grads, spec.max_grad_norm)
-        new = {}
         for n, param in params.items():
             g = grads[n]
             if spec.weight_decay:
                 g = g.add(param, alpha=spec.weight_decay)
             if spec.kind == "adam":
-                new[n] = self._adam(n, param, g, step, rows)
+                self._adam_(n, param, g, step, rows)
                 continue
             if spec.momentum:
-                (buffer,) = self._take(n, rows)
-                buffer = g.clone() if step == 1 else buffer.mul(spec.momentum).add_(g)
-                self._put(n, rows, [buffer])
+                (buffer,) = (s[rows] for s in self.state[n])
+                if step == 1:
+                    buffer.copy_(g)
+                else:
+                    buffer.mul_(spec.momentum).add_(g)
                 g = buffer
-            new[n] = param.add(g, alpha=-self.lr[n])
-        return new
+            param.add_(g, alpha=-self.lr[n])
 
-    def _adam(self, n: str, param: torch.Tensor, g: torch.Tensor, step: int,
-              rows: torch.Tensor | None) -> torch.Tensor:
+    def _adam_(self, n: str, param: torch.Tensor, g: torch.Tensor, step: int, rows: slice) -> None:
         beta1, beta2 = self.spec.betas
-        exp_avg, exp_avg_sq = self._take(n, rows)
-        exp_avg = exp_avg.lerp(g, 1 - beta1)
-        exp_avg_sq = exp_avg_sq.mul(beta2).addcmul_(g, g, value=1 - beta2)
-        self._put(n, rows, [exp_avg, exp_avg_sq])
+        exp_avg, exp_avg_sq = (s[rows] for s in self.state[n])
+        exp_avg.lerp_(g, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
         step_size = self.lr[n] / (1 - beta1 ** step)
         denom = (exp_avg_sq.sqrt() / math.sqrt(1 - beta2 ** step)).add_(ADAM_EPS)
-        return param.addcdiv(exp_avg, denom, value=-step_size)
-
-    def _take(self, n: str, rows: torch.Tensor | None) -> list[torch.Tensor]:
-        return self.state[n] if rows is None else [s.index_select(0, rows) for s in self.state[n]]
-
-    def _put(self, n: str, rows: torch.Tensor | None, values: list[torch.Tensor]) -> None:
-        if rows is None:
-            self.state[n] = values
-        else:
-            for target, value in zip(self.state[n], values):
-                target.index_copy_(0, rows, value)
+        param.addcdiv_(exp_avg, denom, value=-step_size)
