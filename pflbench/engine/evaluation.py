@@ -51,7 +51,7 @@ def head_split(model: nn.Module, states: list[Tensors]) -> HeadSplit | None:
 
 @torch.no_grad()
 def evaluate_heads(model: nn.Module, tensors: Tensors, data, split: HeadSplit,
-                   batch: int = 1024) -> np.ndarray:
+                   batch: int = 256) -> np.ndarray:
     """Correct test predictions of each client (in client order) under ``split``; ``tensors``
     are ``model``'s live tensors (loaded in place)."""
     model.eval()
