@@ -39,13 +39,14 @@ def main() -> None:
     parser.add_argument("--shape", default="1x28x28")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--partition", default="iid", help="iid: 1,000 clients always get samples")
     args = parser.parse_args()
     rows = []
     for algo in args.algos.split(","):
         for clients in (int(c) for c in args.clients.split(",")):
             config = RunConfig(algo=algo, dataset="synthetic", model=args.model, num_clients=clients,
                                dataset_option=(f"num_samples={args.num_samples}", f"shape={args.shape}"),
-                               min_size=10, threads=args.threads, out="/tmp/pflbench_bench_eval")
+                               partition=args.partition, threads=args.threads, out="/tmp/pflbench_bench_eval")
             prepared = prepare(config)
             algorithm, executor = prepared.algorithm, prepared.executor
             for k in range(clients):  # a head of its own per client

@@ -26,7 +26,9 @@ def main() -> None:
     parser.add_argument("--num-samples", type=int, default=60000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--algo", default="fedrep")
-    parser.add_argument("--extra", default="", help="more pflbench run options, e.g. '--head-epochs 1'")
+    parser.add_argument("--extra", default="--partition iid",
+                        help="more pflbench run options (default: iid, so that 1,000 clients all get "
+                             "samples; e.g. '--partition iid --head-epochs 1 --model mlp')")
     parser.add_argument("--out", type=Path, default=Path("/tmp/pflbench_bench_memory"))
     args = parser.parse_args()
     rows = []
