@@ -55,7 +55,7 @@ def main() -> None:
             now = median_time(federation.evaluate, args.repeats)
             row = {"algo": algo, "clients": clients, "eval_s": now}
             if not algorithm.clients_share_one_model():
-                def per_client() -> np.ndarray:
+                def per_client(algorithm=algorithm, executor=executor, clients=clients) -> np.ndarray:
                     jobs = [EvalJob(algorithm.personal_model(k), (k,)) for k in range(clients)]
                     return np.concatenate(executor.evaluate(algorithm.program, jobs))
                 row["per_client_eval_s"] = median_time(per_client, args.repeats)

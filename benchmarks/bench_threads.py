@@ -57,11 +57,10 @@ def metrics(out: Path) -> dict[str, list[dict]]:
     return result
 
 
-def sweep_time(out: Path, jobs: int, rounds: int) -> float:
+def sweep_time(out: Path, jobs: int, rounds: int, extra: str) -> float:
     shutil.rmtree(out, ignore_errors=True)
     started = time.perf_counter()
-    subprocess.run([*PFLBENCH, "sweep", "--algos", "fedavg,fedper", "--seeds", "0,1,2,3",
-                    "--dataset-option", "num_samples=2000", "--datasets", "synthetic",
+    subprocess.run([*PFLBENCH, "sweep", "--algos", "fedavg,fedper", "--seeds", "0,1,2,3", *extra.split(),
                     "--rounds", str(rounds), "--jobs", str(jobs), "--quiet", "--out", str(out)],
                    check=True, stdout=subprocess.DEVNULL)
     return time.perf_counter() - started
@@ -71,17 +70,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--sweep-rounds", type=int, default=3)
+    parser.add_argument("--sweep-options", default="--datasets synthetic --dataset-option num_samples=2000",
+                        help="options of the 8-run sweep (e.g. '--datasets digits --model mlp' for a quick check)")
+    parser.add_argument("--skip-competitor", action="store_true", help="only the sweep part")
     parser.add_argument("--out", type=Path, default=Path("/tmp/pflbench_bench_threads"))
     args = parser.parse_args()
     result = {}
-    for threads in (1, 0):
+    for threads in () if args.skip_competitor else (1, 0):
         alone = median_round_time(args.out / "alone", args.rounds, threads)
         busy = with_competitors(median_round_time, args.out / "busy", args.rounds, threads)
         result[f"threads={threads}"] = {"alone_s": alone, "busy_s": busy, "slowdown": busy / alone}
         print(f"--threads {threads}: round {alone:.3f}s alone, {busy:.3f}s next to a busy loop per core: "
               f"{busy / alone:.2f}x slower (target <= 2.5x for the default --threads 1)", flush=True)
-    one = sweep_time(args.out / "jobs1", 1, args.sweep_rounds)
-    two = sweep_time(args.out / "jobs2", 2, args.sweep_rounds)
+    one = sweep_time(args.out / "jobs1", 1, args.sweep_rounds, args.sweep_options)
+    two = sweep_time(args.out / "jobs2", 2, args.sweep_rounds, args.sweep_options)
     identical = metrics(args.out / "jobs1") == metrics(args.out / "jobs2")
     result["sweep"] = {"jobs1_s": one, "jobs2_s": two, "throughput_ratio": one / two, "identical": identical}
     print(f"8-run sweep: --jobs 1 {one:.1f}s, --jobs 2 {two:.1f}s: {one / two:.2f}x throughput "

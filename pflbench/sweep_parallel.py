@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, Callable
+from typing import Any
 
 from .threads import threads_per_job
 

@@ -67,7 +67,7 @@ def test_sweep_jobs_2_gives_the_metrics_of_jobs_1_and_keeps_skip_and_errors(tmp_
         runs = expand_grid(base, grid)
         reported = []
         run_sweep(runs, tmp_path / f"record{jobs}.json", grid, base, (str(plugin),),
-                  lambda index, run, summary: reported.append(index), jobs=jobs)
+                  lambda index, run, summary, seen=reported: seen.append(index), jobs=jobs)
         assert sorted(reported) == list(range(len(runs)))
         statuses = {r.config.algo: r.status for r in runs}
         assert statuses == {"fedavg": "done", "fedper": "done", "test_jobs_boom": "failed"}

@@ -23,8 +23,8 @@ BASE = RunConfig(dataset="digits", model="mlp", num_clients=4, rounds=1, alpha=0
 
 def rounds(config: RunConfig, algo_options: dict | None = None) -> list[dict]:
     summary = run_experiment(config, algo_options)
-    lines = (json.loads(line) for line in open(f"{summary['run_dir']}/rounds.jsonl"))
-    return list(lines)
+    with open(f"{summary['run_dir']}/rounds.jsonl") as file:
+        return [json.loads(line) for line in file]
 
 
 def assert_close(sequential: list[dict], vectorized: list[dict]) -> None:

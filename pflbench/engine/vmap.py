@@ -16,7 +16,7 @@ sequentially. Evaluation is the sequential executor's.
 """
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
@@ -94,13 +94,13 @@ class VmapExecutor(SequentialExecutor):
         the stack (views: no copies) and a client whose batches are exhausted is left alone."""
         self.model.train()
         batch_size = program.local.batch_size
-        phases = program.local_phases(jobs[0].client_id)
-        plans: list[list[list[torch.Tensor]]] = []  # client → phase → batches
+        phases = program.local_phases(jobs[0].client_id)  # the same subsets for every client
+        plans: list[list[list[torch.Tensor]]] = []  # client → phase → batches (its own epochs)
         for job in jobs:
             generator = torch.Generator().manual_seed(job.seed)
             plans.append([[batch for _ in range(phase.epochs)
                            for batch in self.data.train_batch_indices(job.client_id, batch_size, generator)]
-                          for phase in phases])
+                          for phase in program.local_phases(job.client_id)])
         order = sorted(range(len(jobs)), key=lambda i: [[-len(p) for p in plans[i]],
                                                         [[len(b) for b in p] for p in plans[i]]])
         states = [program.assemble(jobs[i].received, jobs[i].private) for i in order]
