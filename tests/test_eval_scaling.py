@@ -9,6 +9,7 @@ import torch
 from pflbench.config import RunConfig
 from pflbench.engine import EvalJob
 from pflbench.engine.evaluation import head_split
+from pflbench.engine.vmap import VmapExecutor
 from pflbench.models import body_stages, build_model
 from pflbench.runner import execute, prepare
 
@@ -42,6 +43,10 @@ def test_no_split_when_everything_is_private_or_the_model_has_no_stages(tmp_path
     execute(prepared)
     states = [prepared.algorithm.personal_model(k) for k in range(3)]
     assert head_split(prepared.executor.model, states) is None  # the body would be empty
+    vectorized = VmapExecutor(prepared.executor.model, prepared.data)  # personal models together
+    jobs = [EvalJob(state, (k,)) for k, state in enumerate(states)]
+    np.testing.assert_array_equal(np.concatenate(vectorized.evaluate(prepared.algorithm.program, jobs)),
+                                  per_client_counts(prepared))
     plain = torch.nn.Sequential(torch.nn.Linear(4, 3))
     assert body_stages(plain, ["0.weight"]) is None
 

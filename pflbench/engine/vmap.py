@@ -12,12 +12,14 @@ are bucketed by batch size; a client without one takes no step (its parameters a
 stay as they are). A phase (``LocalPhase``) differentiates with respect to its subset only.
 
 What it cannot host is refused when the run is prepared (``check_algorithm``), never silently run
-sequentially. Evaluation is the sequential executor's.
+sequentially. Personal models are evaluated together (``evaluate``); the head split and shared
+models as in the sequential executor.
 """
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
@@ -26,7 +28,7 @@ from ..errors import ConfigError
 from .algorithm import ClientProgram
 from .executor import SequentialExecutor
 from .local import LocalResult, mean_terms
-from .types import ClientJob, ClientUpdate, OptimizerSpec, Tensors
+from .types import ClientJob, ClientUpdate, EvalJob, OptimizerSpec, Tensors
 from .vmap_optim import FunctionalOptimizer
 
 MAX_CLIENTS_AT_ONCE = 128  # clients stacked together (memory: this many model copies + optimizer state)
@@ -143,6 +145,50 @@ class VmapExecutor(SequentialExecutor):
                 total[rows] += loss.detach()
                 for term, value in terms.items():
                     sums.setdefault(term, torch.zeros_like(total))[rows] += value.detach()
+
+    @torch.no_grad()
+    def evaluate(self, program: ClientProgram, jobs: Sequence[EvalJob]) -> list[np.ndarray]:
+        """Single-client jobs (personal models) are evaluated together, ``MAX_CLIENTS_AT_ONCE``
+        models at a time (``vmap`` over the stacked states, each on its own test samples, padded to
+        the longest split); other jobs as the sequential executor does."""
+        single = [i for i, job in enumerate(jobs) if len(job.client_ids) == 1]
+        if len(single) < 2 or any(jobs[i].state.keys() != jobs[single[0]].state.keys() for i in single):
+            return super().evaluate(program, jobs)
+        results: list[np.ndarray | None] = [None] * len(jobs)
+        for start in range(0, len(single), MAX_CLIENTS_AT_ONCE):
+            chunk = single[start:start + MAX_CLIENTS_AT_ONCE]
+            counts = self._evaluate_together([jobs[i] for i in chunk])
+            for i, count in zip(chunk, counts):
+                results[i] = np.array([count])
+        rest = [i for i in range(len(jobs)) if results[i] is None]
+        for i, result in zip(rest, super().evaluate(program, [jobs[i] for i in rest])):
+            results[i] = result
+        return results  # type: ignore[return-value]
+
+    def _evaluate_together(self, jobs: Sequence[EvalJob], batch: int = 256) -> list[int]:
+        self.model.eval()
+        stacked = {n: torch.stack([job.state[n] for job in jobs]) for n in jobs[0].state}
+        module_tensors = {n: t for n, t in self.tensors.items() if n not in stacked}
+        model = self.model
+
+        def predict(state: Tensors, inputs: torch.Tensor) -> torch.Tensor:
+            return functional_call(model, {**module_tensors, **state}, (inputs,)).argmax(dim=1)
+
+        predict_all = vmap(predict)
+        splits = [self.data.test_indices[job.client_ids[0]] for job in jobs]
+        longest = max(len(split) for split in splits)
+        correct = torch.zeros(len(jobs), dtype=torch.long, device=self.data.device)
+        for start in range(0, longest, batch):
+            stop = min(start + batch, longest)
+            rows = torch.arange(start, stop, device=self.data.device)
+            # shorter splits are padded with their last sample, masked out of the count
+            indices = torch.stack([split[rows.clamp(max=max(len(split) - 1, 0))] if len(split) else
+                                   torch.zeros(len(rows), dtype=torch.long, device=self.data.device)
+                                   for split in splits])
+            valid = torch.stack([rows < len(split) for split in splits])
+            inputs, targets = self.data.gather(indices)
+            correct += ((predict_all(stacked, inputs) == targets) & valid).sum(dim=1)
+        return correct.tolist()
 
     def _loss_function(self, program: ClientProgram):
         model, buffers, weights = self.model, self.buffers, program.loss_weights
