@@ -8,7 +8,7 @@ import torch
 
 from pflbench.config import RunConfig
 from pflbench.engine import EvalJob
-from pflbench.engine.evaluation import head_split
+from pflbench.engine.evaluation import evaluate_heads, head_split
 from pflbench.engine.vmap import VmapExecutor
 from pflbench.models import body_stages, build_model
 from pflbench.runner import execute, prepare
@@ -61,3 +61,34 @@ def test_stages_compose_to_forward(name: str, shape: tuple) -> None:
     with torch.no_grad():
         torch.testing.assert_close(model.run_stages(model.run_stages(x, 0, split), split), model(x),
                                    rtol=0, atol=0)
+
+
+class Doubled(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * x
+
+
+def test_models_without_stages_split_at_the_head_module_only_if_it_ends_the_forward(tmp_path) -> None:
+    prepared = prepare(RunConfig(algo="fedper", dataset="digits", model="mlp", num_clients=4, rounds=1,
+                                 out=str(tmp_path)))
+    data = prepared.data
+    torch.manual_seed(0)
+    for tail in ((), (Doubled(),)):
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16), torch.nn.ReLU(),
+                                    torch.nn.Linear(16, 10), *tail).eval()
+        tensors = dict(model.named_parameters())
+        common = {n: t.detach().clone() for n, t in tensors.items()}
+        states = [{**common, "3.weight": torch.randn(10, 16), "3.bias": torch.randn(10)} for _ in range(4)]
+        split = head_split(model, states)
+        assert split is not None and split.module == "3"
+        counts = evaluate_heads(model, tensors, data, split)
+        if tail:
+            assert counts is None  # the head module's output is not the model's output
+            continue
+        expected = []
+        with torch.no_grad():
+            for k, state in enumerate(states):
+                inputs, targets = data.gather(data.test_indices[k])
+                logits = torch.func.functional_call(model, state, (inputs,))
+                expected.append(int((logits.argmax(dim=1) == targets).sum()))
+        np.testing.assert_array_equal(counts, expected)
