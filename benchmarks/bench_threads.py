@@ -73,6 +73,7 @@ def main() -> None:
     parser.add_argument("--sweep-options", default="--datasets synthetic --dataset-option num_samples=2000",
                         help="options of the 8-run sweep (e.g. '--datasets digits --model mlp' for a quick check)")
     parser.add_argument("--skip-competitor", action="store_true", help="only the sweep part")
+    parser.add_argument("--skip-sweep", action="store_true", help="only the competitor part")
     parser.add_argument("--out", type=Path, default=Path("/tmp/pflbench_bench_threads"))
     args = parser.parse_args()
     result = {}
@@ -82,6 +83,9 @@ def main() -> None:
         result[f"threads={threads}"] = {"alone_s": alone, "busy_s": busy, "slowdown": busy / alone}
         print(f"--threads {threads}: round {alone:.3f}s alone, {busy:.3f}s next to a busy loop per core: "
               f"{busy / alone:.2f}x slower (target <= 2.5x for the default --threads 1)", flush=True)
+    if args.skip_sweep:
+        print(json.dumps(result))
+        return
     one = sweep_time(args.out / "jobs1", 1, args.sweep_rounds, args.sweep_options)
     two = sweep_time(args.out / "jobs2", 2, args.sweep_rounds, args.sweep_options)
     identical = metrics(args.out / "jobs1") == metrics(args.out / "jobs2")
