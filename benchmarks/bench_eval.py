@@ -40,13 +40,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--partition", default="iid", help="iid: 1,000 clients always get samples")
+    parser.add_argument("--executor", default="sequential", help="vmap: personal models evaluated together")
     args = parser.parse_args()
     rows = []
     for algo in args.algos.split(","):
         for clients in (int(c) for c in args.clients.split(",")):
             config = RunConfig(algo=algo, dataset="synthetic", model=args.model, num_clients=clients,
                                dataset_option=(f"num_samples={args.num_samples}", f"shape={args.shape}"),
-                               partition=args.partition, threads=args.threads, out="/tmp/pflbench_bench_eval")
+                               partition=args.partition, threads=args.threads, executor=args.executor, out="/tmp/pflbench_bench_eval")
             prepared = prepare(config)
             algorithm, executor = prepared.algorithm, prepared.executor
             for k in range(clients):  # a head of its own per client
@@ -63,7 +64,8 @@ def main() -> None:
             rows.append(row)
             extra = (f", per-client {row['per_client_eval_s']:.3f}s ({row['speedup']:.1f}x)"
                      if "speedup" in row else "")
-            print(f"{algo:>7} {clients:>5} clients: evaluate {now:.3f}s{extra}", flush=True)
+            row["executor"] = args.executor
+            print(f"{algo:>7} {clients:>5} clients ({args.executor}): evaluate {now:.3f}s{extra}", flush=True)
     print(json.dumps(rows))
 
 

@@ -44,6 +44,7 @@ def test_no_split_when_everything_is_private_or_the_model_has_no_stages(tmp_path
     states = [prepared.algorithm.personal_model(k) for k in range(3)]
     assert head_split(prepared.executor.model, states) is None  # the body would be empty
     vectorized = VmapExecutor(prepared.executor.model, prepared.data)  # personal models together
+    vectorized.evaluate_together = True  # the GPU default, here on the CPU
     jobs = [EvalJob(state, (k,)) for k, state in enumerate(states)]
     np.testing.assert_array_equal(np.concatenate(vectorized.evaluate(prepared.algorithm.program, jobs)),
                                   per_client_counts(prepared))
