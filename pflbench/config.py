@@ -93,10 +93,15 @@ class RunConfig:
         "epochs on each client's train split (the local optimizer settings) and report it as "
         "pers_acc_ft; 0 = off. Only for algorithms with a global model.")
     device: str = option("cpu", "Torch device: cpu, cuda, cuda:1, ...")
-    executor: str = option("sequential", "How clients train: sequential (one after another); ray (on "
-                           "Ray actors in parallel, same numbers).", choices=("sequential", "ray"))
+    executor: str = option("sequential", "How clients train: sequential (one after another); vmap "
+                           "(together, vectorized with torch.func; same numbers to floating-point "
+                           "tolerance); ray (on Ray actors in parallel, same numbers).",
+                           choices=("sequential", "vmap", "ray"))
     ray_address: str | None = option(None, "Ray cluster to join (auto or HOST:PORT); unset: a local Ray instance.")
     ray_workers: int | None = option(None, "Ray actors training clients [default: cluster CPUs, ≤ clients/round].")
+    threads: int = option(1, "CPU threads of torch's operations; 0 = every usable core. 1 suits the "
+                          "small models of FL benchmarks and never collapses on a busy or shared machine "
+                          "(many threads spin-wait on each other there). Not part of the run identity.")
     out: str = option("results", "Output folder; the run goes to OUT/runs/<name>/.")
     checkpoint_every: int = option(10, "Checkpoint every N rounds (run --resume; sweeps resume); 0 = never.")
 
@@ -156,7 +161,7 @@ class RunConfig:
 
     @property
     def runtime_spec(self) -> RuntimeSpec:
-        return RuntimeSpec(self.seed, self.device, self.executor, self.out)
+        return RuntimeSpec(self.seed, self.device, self.executor, self.out, self.threads)
 
 
 # Settings left unset (None) that no algorithm or sweep gave a value: the plain defaults.
@@ -290,6 +295,7 @@ class RuntimeSpec:
     device: str
     executor: str
     out: str
+    threads: int
 
 
 def resolve(config: RunConfig, algorithm: Any, hparams: Any,
@@ -388,6 +394,7 @@ def validate(config: RunConfig) -> None:
          f"--max-grad-norm must be ≥ 0 (0 = no clipping), got {config.max_grad_norm}"),
         (config.seed >= 0, f"--seed must be ≥ 0, got {config.seed}"),
         (config.checkpoint_every >= 0, f"--checkpoint-every must be ≥ 0 (0 = never), got {config.checkpoint_every}"),
+        (config.threads >= 0, f"--threads must be ≥ 0 (0 = every usable core), got {config.threads}"),
         (config.momentum >= 0 and config.weight_decay >= 0, "--momentum and --weight-decay must be ≥ 0"),
         (0 <= public_frac < 1, f"--public-frac must be in [0, 1), got {config.public_frac}"),
         (config.lora_rank is None or config.lora_rank >= 1, f"--lora-rank must be ≥ 1, got {config.lora_rank}"),

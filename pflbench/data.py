@@ -181,7 +181,14 @@ class FederatedData:
 
     def train_batches(self, client_id: int, batch_size: int,
                       generator: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """One epoch of shuffled minibatches of the client's train split (last one may be short).
+        """One epoch of shuffled minibatches of the client's train split (last one may be short):
+        ``gather`` of each of ``train_batch_indices``."""
+        for batch in self.train_batch_indices(client_id, batch_size, generator):
+            yield self.gather(batch)
+
+    def train_batch_indices(self, client_id: int, batch_size: int,
+                            generator: torch.Generator) -> list[torch.Tensor]:
+        """One epoch's minibatches as index tensors (one ``randperm`` of ``generator``).
 
         No batch holds a single sample when ``batch_size`` > 1, so BatchNorm layers (which
         cannot take batch statistics of one sample) never crash on a client's leftovers:
@@ -197,5 +204,4 @@ class FederatedData:
         starts = list(range(0, len(shuffled), batch_size))
         if batch_size > 1 and len(starts) > 1 and len(shuffled) - starts[-1] == 1:
             starts.pop()
-        for start, end in zip(starts, starts[1:] + [len(shuffled)]):
-            yield self.gather(shuffled[start:end])
+        return [shuffled[start:end] for start, end in zip(starts, starts[1:] + [len(shuffled)])]

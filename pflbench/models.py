@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -20,9 +20,25 @@ from .registry import MODELS, register_model
 
 
 class LayeredModel(nn.Module):
-    """Base for zoo models: ``layer_names`` lists the parametrised layers, input → output."""
+    """Base for zoo models: ``layer_names`` lists the parametrised layers, input → output.
+
+    ``stages()`` gives one function per layer (the layer and what follows it up to the next one),
+    so that ``forward`` is their composition and the model splits into a body (the first stages)
+    and a head (the rest): ``run_stages(x, 0, s)`` then ``run_stages(features, s)``. Evaluation of
+    personal heads uses this to run the shared body once for every client's samples."""
 
     layer_names: tuple[str, ...] = ()
+
+    def stages(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], ...]:
+        raise NotImplementedError
+
+    def run_stages(self, x: torch.Tensor, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        for stage in self.stages()[start:stop]:
+            x = stage(x)
+        return x
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.run_stages(x)
 
 
 def _conv_padding(height: int) -> int:
@@ -49,9 +65,8 @@ class MLP(LayeredModel):
         self.fc2 = nn.Linear(hidden, hidden)
         self.fc3 = nn.Linear(hidden, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.relu(self.fc1(x.flatten(1)))
-        return self.fc3(torch.relu(self.fc2(x)))
+    def stages(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], ...]:
+        return (lambda x: torch.relu(self.fc1(x.flatten(1))), lambda x: torch.relu(self.fc2(x)), self.fc3)
 
 
 class _TwoConvNet(LayeredModel):
@@ -75,11 +90,10 @@ class _TwoConvNet(LayeredModel):
         self.fc2 = nn.Linear(f1, f2)
         self.fc3 = nn.Linear(f2, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool(torch.relu(self.conv1(x)))
-        x = self.pool(torch.relu(self.conv2(x))).flatten(1)
-        x = torch.relu(self.fc2(torch.relu(self.fc1(x))))
-        return self.fc3(x)
+    def stages(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], ...]:
+        return (lambda x: self.pool(torch.relu(self.conv1(x))),
+                lambda x: self.pool(torch.relu(self.conv2(x))).flatten(1),
+                lambda x: torch.relu(self.fc1(x)), lambda x: torch.relu(self.fc2(x)), self.fc3)
 
 
 @register_model("cnn")
@@ -116,10 +130,10 @@ class BatchNormCNN(LayeredModel):
         self.fc1, self.bn3 = nn.Linear(flat, 128), nn.BatchNorm1d(128)
         self.fc2 = nn.Linear(128, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool(torch.relu(self.bn1(self.conv1(x))))
-        x = self.pool(torch.relu(self.bn2(self.conv2(x)))).flatten(1)
-        return self.fc2(torch.relu(self.bn3(self.fc1(x))))
+    def stages(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], ...]:
+        return (self.conv1, lambda x: self.pool(torch.relu(self.bn1(x))), self.conv2,
+                lambda x: self.pool(torch.relu(self.bn2(x))).flatten(1), self.fc1,
+                lambda x: torch.relu(self.bn3(x)), self.fc2)
 
 
 @register_model("char_lstm")
@@ -142,9 +156,8 @@ class CharLSTM(LayeredModel):
         self.lstm = nn.LSTM(embed_dim, hidden, num_layers=layers, batch_first=True)
         self.fc = nn.Linear(hidden, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        output, _ = self.lstm(self.embedding(x.long()))
-        return self.fc(output[:, -1])
+    def stages(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], ...]:
+        return (lambda x: self.embedding(x.long()), lambda x: self.lstm(x)[0][:, -1], self.fc)
 
 
 def vit_patch_size(height: int, width: int) -> int:
@@ -279,6 +292,25 @@ def layer_order(model: nn.Module) -> list[str]:
         else:
             names.append(name)
     return names
+
+
+def body_stages(model: nn.Module, varying: set[str] | list[str]) -> int | None:
+    """How many stages form a body shared by models that differ only in the tensors ``varying``:
+    the index of the first layer holding one of them (all later layers are the head). None when
+    the model cannot be split (no ``stages``, a name outside the declared layers, or nothing
+    would be shared)."""
+    if not isinstance(model, LayeredModel) or type(model).stages is LayeredModel.stages:
+        return None
+    order = list(model.layer_names)
+    if len(model.stages()) != len(order):
+        return None
+    first = len(order)
+    for name in varying:
+        layer = next((i for i, prefix in enumerate(order) if name.startswith(prefix + ".")), None)
+        if layer is None:
+            return None
+        first = min(first, layer)
+    return first if first > 0 else None
 
 
 def head_module_names(model: nn.Module, head_layers: int = 1) -> list[str]:

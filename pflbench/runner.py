@@ -36,6 +36,7 @@ from .registry import ALGORITHMS
 from .results import RunWriter, read_rounds
 from .rundir import Claim, RunPaths, fresh_work_folder, guard_run, publish, read_json, writing
 from .seeding import derive_seed, rng_stream
+from .threads import apply_threads
 
 
 @dataclass
@@ -140,7 +141,7 @@ def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None,
         raise ConfigError(f"--executor {config.executor!r} is not one of: {', '.join(EXECUTORS)}")
     getattr(EXECUTORS[config.executor], "check", lambda: None)()  # e.g. Ray installed
     lora_rank = algorithm_class.lora_rank(config, hparams)
-    resolved: dict[str, Any] = {"run_defaults": applied}
+    resolved: dict[str, Any] = {"run_defaults": applied, "threads": apply_threads(config.threads)}
     device = resolve_device(config.device)
     dataset = load_dataset(config.dataset, config.dataset_options())
     # a preset partition sets K; a --num-clients other than the default must agree with it
@@ -162,6 +163,9 @@ def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None,
     data = FederatedData(dataset, split.train, split.test, device)
     algorithm = algorithm_class(config, hparams, model, data.num_train)
     executor = make_executor(config.executor, model, data, config)
+    check = getattr(executor, "check_algorithm", None)
+    if check is not None:  # an executor refuses what it cannot host now, not mid-run
+        check(algorithm)
     return PreparedRun(config, algorithm, executor, split, dataset, data, run_dir, resolved)
 
 

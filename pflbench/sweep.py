@@ -282,35 +282,65 @@ def run_one(run: SweepRun, plugins: tuple[str, ...]) -> dict[str, Any]:
 
 
 def run_sweep(runs: list[SweepRun], record: Path, grid: Grid, base: RunConfig, plugins: tuple[str, ...] = (),
-              report: Callable[[int, SweepRun, dict[str, Any] | None], None] | None = None) -> None:
+              report: Callable[[int, SweepRun, dict[str, Any] | None], None] | None = None,
+              jobs: int = 1) -> None:
     """Run (or skip) each run, rewriting the sweep record ``record`` after each.
 
-    A KeyboardInterrupt marks the current run ``interrupted`` (its folder lacks summary.json,
-    so the next sweep redoes it), writes the record and propagates.
+    ``jobs`` > 1 runs that many at once in worker processes (``sweep_parallel``), each with
+    ``max(1, threads // jobs)`` threads; ``report`` then comes in completion order. A
+    KeyboardInterrupt marks the current run(s) ``interrupted`` (their folders lack summary.json,
+    so the next sweep redoes them), writes the record and propagates.
     """
     record.parent.mkdir(parents=True, exist_ok=True)
     _write_record(record, grid, base, runs)
-    for index, run in enumerate(runs):
-        summary = None
-        if (run.run_dir / "summary.json").is_file():
-            run.status = "skipped"
-        else:
-            try:
-                summary = run_one(run, plugins)
-                run.status = "done"
-            except RunFinished:  # finished by a concurrent sweep meanwhile
-                run.status = "skipped"
-            except RunClaimed as error:  # a concurrent sweep is running it now
-                run.status, run.error = "claimed", str(error)
-            except RunDiverged as error:
-                run.status, run.error = "diverged", str(error)
-            except KeyboardInterrupt:
-                run.status = "interrupted"
-                _write_record(record, grid, base, runs)
-                raise
-            except Exception as error:  # one broken run must not stop the sweep
-                run.status, run.error = "failed", f"{type(error).__name__}: {error}"
-                write_error(run, error)
+
+    def finished(index: int, run: SweepRun, summary: dict[str, Any] | None) -> None:
         _write_record(record, grid, base, runs)
         if report is not None:
             report(index, run, summary)
+
+    todo = []
+    for index, run in enumerate(runs):
+        if (run.run_dir / "summary.json").is_file():
+            run.status = "skipped"
+            finished(index, run, None)
+        elif jobs > 1:
+            todo.append((index, run))
+        else:
+            finished(index, run, _run_here(run, plugins, lambda: _write_record(record, grid, base, runs)))
+    if todo:
+        from .sweep_parallel import run_parallel
+
+        try:
+            run_parallel(todo, jobs, plugins, finished)
+        except KeyboardInterrupt:
+            _write_record(record, grid, base, runs)
+            raise
+
+
+def _run_here(run: SweepRun, plugins: tuple[str, ...], write_record: Callable[[], None]) -> dict[str, Any] | None:
+    """One run in this process: its summary, or None with ``run.status`` failed (error.json)."""
+    try:
+        summary = run_one(run, plugins)
+        run.status = "done"
+        return summary
+    except KeyboardInterrupt:
+        run.status = "interrupted"
+        write_record()
+        raise
+    except Exception as error:  # one broken run must not stop the sweep
+        run.status, run.error = outcome_of(run, error)
+        return None
+
+
+def outcome_of(run: SweepRun, error: Exception) -> tuple[str, str | None]:
+    """(status, error) of a run that raised: finished or claimed by a concurrent sweep, diverged,
+    or failed (error.json written)."""
+    if isinstance(error, RunFinished):  # finished by a concurrent sweep meanwhile
+        return "skipped", None
+    if isinstance(error, RunClaimed):  # a concurrent sweep is running it now
+        return "claimed", str(error)
+    if isinstance(error, RunDiverged):
+        return "diverged", str(error)
+    write_error(run, error)
+    return "failed", f"{type(error).__name__}: {error}"

@@ -15,9 +15,8 @@ from pflbench.algorithms.fedavg import FedAvg
 
 def proximal_term(params: Tensors, anchor: Tensors, mu: float) -> torch.Tensor:
     """(μ/2)·Σ_name ‖params[name] − anchor[name]‖² over the anchor's tensors."""
-    names = [n for n in anchor if n in params]
-    squared = torch._foreach_sub([params[n] for n in names], [anchor[n] for n in names])
-    return 0.5 * mu * sum(d.pow(2).sum() for d in squared)
+    differences = [params[n] - anchor[n] for n in anchor if n in params]  # per tensor: vmap-able
+    return 0.5 * mu * sum(d.pow(2).sum() for d in differences)
 
 
 @dataclass(frozen=True)

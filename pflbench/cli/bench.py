@@ -31,7 +31,7 @@ def _sweep_axes(sets: tuple[str, ...], values: dict[str, Any], run_fields: set[s
 
 
 def _sweep_callback(algos: str, datasets: str, alphas: str, seeds: str, sets: tuple[str, ...],
-                    quiet: bool, plugin: tuple[str, ...], ray: bool, cpus_per_run: float,
+                    jobs: int, quiet: bool, plugin: tuple[str, ...], ray: bool, cpus_per_run: float,
                     gpus_per_run: float, **values: Any) -> int:
     from pathlib import Path
 
@@ -87,7 +87,7 @@ def _sweep_callback(algos: str, datasets: str, alphas: str, seeds: str, sets: tu
 
             run_sweep_on_ray(runs, record, grid, base, plugin, report, cpus_per_run, gpus_per_run)
         else:
-            run_sweep(runs, record, grid, base, plugin, report)
+            run_sweep(runs, record, grid, base, plugin, report, jobs=jobs)
     except KeyboardInterrupt:
         counts = count_statuses(runs)
         click.echo(f"sweep interrupted: {counts['done']} done, {counts['skipped']} skipped, "
@@ -138,6 +138,10 @@ sweep = RunCommand(
                          help="CPUs each run task declares to Ray (and its torch threads)."),
             click.Option(["--gpus-per-run"], type=float, default=0.0, show_default=True,
                          help="GPUs each run task declares to Ray (fractions share a GPU)."),
+            click.Option(["--jobs", "-j"], type=click.IntRange(min=1), default=1, show_default=True,
+                         help="Runs at once, each in its own process with max(1, threads // jobs) "
+                              "threads (--threads 0: every usable core). Same metrics as --jobs 1 "
+                              "at equal threads per run."),
             click.Option(["--quiet", "-q"], is_flag=True, help="Print only the final summary."),
             click.Option(["--plugin"], multiple=True, type=str,
                          help="Python file that registers an algorithm/dataset/model (repeatable).")])

@@ -22,6 +22,7 @@ from torch import nn
 from ..errors import ConfigError
 from .local import LocalResult, LocalTrainer, standard_local_update
 from .state import ClientStateStore
+from .streaming import StreamingWeightedAverage
 from .types import (ClientUpdate, Forward, LocalPhase, NoHyperparameters, OptimizerSpec,
                     ParamGroup, ParamLayout, Tensors, clone_tensors, sample_weights,
                     weighted_average)
@@ -184,6 +185,17 @@ class Algorithm(Generic[H]):
             return
         average = weighted_average([u.params for u in updates], sample_weights(updates))
         torch._foreach_copy_([self.global_state[n] for n in average], list(average.values()))
+
+    def streaming_aggregate(self, num_samples: list[int]) -> StreamingWeightedAverage | None:
+        """The round's aggregation as a stream (``add(update)`` per client, then ``finish()``),
+        so the round loop need not hold every upload; ``num_samples``: the sampled clients'.
+
+        Default: the FedAvg rule streamed, unless a subclass overrides ``aggregate`` or
+        ``round_diagnostics`` (they receive the whole list of updates); then None."""
+        cls = type(self)
+        if cls.aggregate is not Algorithm.aggregate or cls.round_diagnostics is not Algorithm.round_diagnostics:
+            return None
+        return StreamingWeightedAverage(self.global_state, sum(num_samples))
 
     def round_diagnostics(self, updates: list[ClientUpdate]) -> dict[str, Any]:
         return {}

@@ -7,7 +7,7 @@ batch loop) and reads the upload and the new private state back out.
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -16,6 +16,7 @@ from torch import nn
 from ..data import FederatedData
 from ..seeding import derive_seed
 from .algorithm import ClientProgram
+from .evaluation import evaluate_heads, head_split
 from .local import LocalTrainer
 from .types import ClientJob, ClientUpdate, EvalJob, Tensors, load_into
 
@@ -43,7 +44,12 @@ class SequentialExecutor:
         self._all_test = torch.cat(data.test_indices)
 
     def train(self, program: ClientProgram, jobs: Sequence[ClientJob]) -> list[ClientUpdate]:
-        return [self.train_one(program, job) for job in jobs]
+        return list(self.train_iter(program, jobs))
+
+    def train_iter(self, program: ClientProgram, jobs: Sequence[ClientJob]) -> Iterator[ClientUpdate]:
+        """The updates one by one, as each client finishes (the round loop folds them in)."""
+        for job in jobs:
+            yield self.train_one(program, job)
 
     def train_one(self, program: ClientProgram, job: ClientJob) -> ClientUpdate:
         """Load the client's model, run its local update, read back upload and private state."""
@@ -65,6 +71,12 @@ class SequentialExecutor:
             inputs, targets = self.data.gather(indices[start:start + batch])
             hits.append(self.model(inputs).argmax(dim=1) == targets)
         return torch.cat(hits) if hits else torch.zeros(0, dtype=torch.bool, device=self.data.device)
+
+    def evaluate_split(self, program: ClientProgram, states: Sequence[Tensors]) -> np.ndarray | None:
+        """Correct test predictions of every client k with model ``states[k]``, the shared body
+        run once (``evaluation.head_split``); None when the states are not body + own head."""
+        split = head_split(self.model, list(states))
+        return None if split is None else evaluate_heads(self.model, self.tensors, self.data, split)
 
     @torch.no_grad()
     def evaluate(self, program: ClientProgram, jobs: Sequence[EvalJob]) -> list[np.ndarray]:
@@ -124,5 +136,6 @@ def make_executor(name: str, model: nn.Module, data: FederatedData, config: obje
 
 EXECUTORS: dict[str, object] = {
     "sequential": SequentialExecutor,
+    "vmap": LazyExecutor("pflbench.engine.vmap:VmapExecutor"),  # torch.func only when asked for
     "ray": LazyExecutor("pflbench.engine.ray_executor:RayExecutor", check=_require_ray),
 }

@@ -1,6 +1,7 @@
 """The one round loop: sample → jobs → executor → aggregate → evaluate → observers."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import resource
 import time
@@ -70,22 +71,39 @@ class Federation:
         self.next_round = 1
         self.bytes_up_total = self.bytes_down_total = 0
         self.client_accuracy = np.zeros(self.config.num_clients)
+        self.num_train = list(algorithm.num_train)
 
     def sample_clients(self) -> list[int]:
         k, m = self.config.num_clients, self.config.sampled_per_round
         return sorted(int(c) for c in self.sampling_rng.choice(k, size=m, replace=False))
 
     def train_round(self, round_index: int, sampled: list[int]) -> list[ClientUpdate]:
+        """Train the sampled clients and aggregate. Under a streaming aggregation
+        (``Algorithm.streaming_aggregate``) each upload is folded in as it arrives and the
+        returned updates keep no params (memory: the private states, not every upload)."""
         algorithm = self.algorithm
         jobs = [ClientJob(k, round_index, derive_seed(self.config.seed, "train", round_index, k),
                           algorithm.broadcast(k), algorithm.store.get(k)) for k in sampled]
-        updates = self.executor.train(algorithm.program, jobs)
-        for job, update in zip(jobs, updates):
+        self._bytes_down = sum(tensor_bytes(job.received) for job in jobs)
+        self._bytes_up = 0
+        stream = algorithm.streaming_aggregate([self.num_train[k] for k in sampled])
+        train = getattr(self.executor, "train_iter", self.executor.train)
+        updates = []
+        for job, update in zip(jobs, train(algorithm.program, jobs)):
             if update.private:
                 algorithm.store.put(update.client_id, update.private)
             for observer in self.observers:
                 observer.on_client_update(job, update)
-        self._bytes_down = sum(tensor_bytes(job.received) for job in jobs)
+            self._bytes_up += tensor_bytes(update.params)
+            check_finite(round_index, [update])  # before a non-finite upload is folded in
+            if stream is not None:
+                stream.add(update)
+                update = dataclasses.replace(update, params={}, private={})
+            updates.append(update)
+        if stream is not None:
+            stream.finish()
+        else:
+            algorithm.aggregate(updates)
         return updates
 
     def evaluate(self, round_index: int = 0) -> tuple[dict[str, Any], np.ndarray]:
@@ -97,15 +115,19 @@ class Federation:
             (correct,) = self.executor.evaluate(algorithm.program, [EvalJob(algorithm.global_model(), everyone)])
             global_correct = correct
         else:
-            if adaptation is None:
-                jobs = [EvalJob(algorithm.personal_model(k), (k,)) for k in everyone]
-                correct_parts = []
+            if adaptation is None:  # the body once, each client's head on its samples, if it can
+                personal = [algorithm.personal_model(k) for k in everyone]
+                split = getattr(self.executor, "evaluate_split", None)
+                heads = split(algorithm.program, personal) if split is not None else None
+                jobs = [] if heads is not None else [EvalJob(state, (k,)) for k, state in enumerate(personal)]
+                correct_parts = [heads] if heads is not None else []
+                del personal
             else:
                 jobs, correct_parts = [], [self.personalized_correct(
                     adaptation, algorithm.personal_model, "personalize", round_index)]
             if algorithm.has_global_model:
                 jobs.append(EvalJob(algorithm.global_model(), everyone))
-            results = self.executor.evaluate(algorithm.program, jobs)
+            results = self.executor.evaluate(algorithm.program, jobs) if jobs else []
             correct = np.concatenate(correct_parts + results[:len(results) - algorithm.has_global_model])
             global_correct = results[-1] if algorithm.has_global_model else None
         metrics = accuracy_metrics(correct, self.num_test)
@@ -149,11 +171,8 @@ class Federation:
         for round_index in range(self.next_round, config.rounds + 1):
             started = time.perf_counter()
             sampled = self.sample_clients()
-            updates = self.train_round(round_index, sampled)
-            check_finite(round_index, updates)
-            bytes_up = sum(tensor_bytes(u.params) for u in updates)
-            bytes_down = self._bytes_down
-            algorithm.aggregate(updates)
+            updates = self.train_round(round_index, sampled)  # trained, checked and aggregated
+            bytes_up, bytes_down = self._bytes_up, self._bytes_down
             if not _all_finite(algorithm.global_state):
                 raise Diverged(round_index, None, f"parameter {_first_non_finite(algorithm.global_state)}")
             self.bytes_up_total += bytes_up

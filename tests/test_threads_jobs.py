@@ -1,0 +1,83 @@
+"""The thread policy (``--threads``) and parallel sweeps (``pflbench sweep --jobs N``)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import textwrap
+from pathlib import Path
+
+import torch
+
+from pflbench.config import RunConfig, resolve, run_identity
+from pflbench.registry import ALGORITHMS, load_plugin_file
+from pflbench.runner import config_record, prepare
+from pflbench.sweep import Grid, expand_grid, run_sweep
+from pflbench.threads import threads_per_job, usable_cores
+
+TIMING = {"round_time_s", "eval_time_s", "peak_mem_mb", "wall_time_s", "run_dir"}
+
+
+def test_threads_default_is_one_recorded_and_not_part_of_the_identity(tmp_path) -> None:
+    assert RunConfig.threads == 1
+    config = RunConfig(model="mlp", num_clients=3, rounds=1, out=str(tmp_path), threads=2)
+    algorithm = ALGORITHMS.get("fedavg")
+    hparams = algorithm.hyperparameters()
+    config, _ = resolve(config, algorithm, hparams)
+    assert run_identity(config, algorithm, hparams) == \
+        run_identity(dataclasses.replace(config, threads=1), algorithm, hparams)
+    try:
+        prepared = prepare(config)
+        assert torch.get_num_threads() == 2 and prepared.resolved["threads"] == 2
+        assert config_record(prepared)["threads"] == 2
+    finally:
+        torch.set_num_threads(1)
+
+
+def test_threads_per_job_splits_the_total() -> None:
+    assert threads_per_job(4, 2) == 2
+    assert threads_per_job(1, 2) == 1
+    assert threads_per_job(0, 1) == usable_cores()
+
+
+def finished(out: Path) -> dict[str, list[dict]]:
+    result = {}
+    for run in sorted((out / "runs").iterdir()):
+        if (run / "summary.json").is_file():
+            result[run.name] = [{k: v for k, v in json.loads(line).items() if k not in TIMING}
+                                for line in (run / "rounds.jsonl").read_text().splitlines()]
+    return result
+
+
+def test_sweep_jobs_2_gives_the_metrics_of_jobs_1_and_keeps_skip_and_errors(tmp_path) -> None:
+    plugin = tmp_path / "boom.py"
+    plugin.write_text(textwrap.dedent('''
+        from pflbench import register_algorithm
+        from pflbench.algorithms.fedavg import FedAvg
+
+        @register_algorithm("test_jobs_boom")
+        class Boom(FedAvg):
+            def aggregate(self, updates):
+                raise RuntimeError("boom on purpose")
+    '''))
+    load_plugin_file(plugin)
+    grid = Grid(("fedavg", "fedper", "test_jobs_boom"), ("digits",), (0.5,), (0,))
+    outputs = {}
+    for jobs in (1, 2):
+        base = RunConfig(model="mlp", num_clients=3, rounds=1, lr=0.05, out=str(tmp_path / f"jobs{jobs}"))
+        runs = expand_grid(base, grid)
+        reported = []
+        run_sweep(runs, tmp_path / f"record{jobs}.json", grid, base, (str(plugin),),
+                  lambda index, run, summary, seen=reported: seen.append(index), jobs=jobs)
+        assert sorted(reported) == list(range(len(runs)))
+        statuses = {r.config.algo: r.status for r in runs}
+        assert statuses == {"fedavg": "done", "fedper": "done", "test_jobs_boom": "failed"}
+        failed = [r for r in runs if r.status == "failed"]
+        assert all("boom on purpose" in r.error and (r.run_dir / "error.json").is_file() for r in failed)
+        outputs[jobs] = finished(Path(base.out))
+        record = json.loads((tmp_path / f"record{jobs}.json").read_text())
+        assert record["counts"]["done"] == 2 and record["counts"]["failed"] == 1
+    assert outputs[1] == outputs[2] and len(outputs[1]) == 2
+    again = Grid(("fedavg", "fedper"), ("digits",), (0.5,), (0,))
+    runs = expand_grid(base, again)  # rerun: finished runs are skipped (no worker is started)
+    run_sweep(runs, tmp_path / "again.json", again, base, (), jobs=2)
+    assert [r.status for r in runs] == ["skipped", "skipped"]

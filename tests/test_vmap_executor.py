@@ -1,0 +1,113 @@
+"""``--executor vmap``: the same numbers as ``sequential`` (to floating-point tolerance) for every
+algorithm it hosts, and a one-line ConfigError at prepare time for what it cannot host."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+
+from pflbench import ClientProgram, ConfigError, OptimizerSpec, register_algorithm
+from pflbench.algorithms.fedavg import FedAvg
+from pflbench.config import RunConfig
+from pflbench.engine.vmap import contiguous_runs
+from pflbench.engine.vmap_optim import FunctionalOptimizer
+from pflbench.runner import prepare, run_experiment
+
+# batch 16 on ~40-sample clients: full, short and merged batches, unequal step counts
+BASE = RunConfig(dataset="digits", model="mlp", num_clients=4, rounds=1, alpha=0.3, batch_size=16,
+                 lr=0.05, backbone="random", lora_targets="fc1,fc2")
+
+
+def rounds(config: RunConfig, algo_options: dict | None = None) -> list[dict]:
+    summary = run_experiment(config, algo_options)
+    with open(f"{summary['run_dir']}/rounds.jsonl") as file:
+        return [json.loads(line) for line in file]
+
+
+def assert_close(sequential: list[dict], vectorized: list[dict]) -> None:
+    assert len(sequential) == len(vectorized)
+    for a, b in zip(sequential, vectorized):
+        assert a["pers_acc"] == b["pers_acc"], (a["round"], a["pers_acc"], b["pers_acc"])
+        assert a["global_acc"] == b["global_acc"]
+        for key in (k for k in a if k == "train_loss" or k.startswith("loss_")):
+            assert math.isclose(a[key], b[key], rel_tol=1e-4, abs_tol=1e-7), (key, a[key], b[key])
+
+
+CASES = {
+    "fedavg_momentum_wd_clip": ("fedavg", {"momentum": 0.9, "weight_decay": 1e-3, "max_grad_norm": 1.0}, {}),
+    "fedavg_adam": ("fedavg", {"optimizer": "adam", "lr": 0.003}, {}),
+    "fedprox": ("fedprox", {}, {"mu": 0.1}),
+    "local": ("local", {}, {}),
+    "fedper": ("fedper", {"rounds": 2}, {}),  # private heads carried across rounds
+    "fedrep": ("fedrep", {"rounds": 2}, {"head_epochs": 2}),
+    "fedper_cnn": ("fedper", {"model": "cnn"}, {}),
+    "fedavg_lora": ("fedavg", {"lora_rank": 2, "optimizer": "adam", "lr": 0.003}, {}),
+    "fedsdg": ("fedsdg", {"optimizer": "adam", "lr": 0.01}, {}),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_vmap_matches_sequential(case: str, tmp_path) -> None:
+    algo, settings, hparams = CASES[case]
+    config = dataclasses.replace(BASE, algo=algo, **settings)
+    sequential = rounds(dataclasses.replace(config, out=str(tmp_path / "seq")), hparams)
+    vectorized = rounds(dataclasses.replace(config, out=str(tmp_path / "vmap"), executor="vmap"), hparams)
+    assert_close(sequential, vectorized)
+
+
+class CustomLoop(ClientProgram):
+    def local_update(self, trainer):
+        return super().local_update(trainer)
+
+
+@register_algorithm("test_vmap_custom_loop")
+class CustomLoopAlgorithm(FedAvg):
+    program_class = CustomLoop
+
+
+@pytest.mark.parametrize("settings, reason", [
+    ({"algo": "test_vmap_custom_loop"}, "overrides local_update"),
+    ({"model": "cnn_bn"}, "BatchNorm"),
+    ({"model": "char_lstm", "dataset": "synthetic", "dataset_option": ("num_samples=200",)}, None),
+    ({"algo": "flexlora", "lora_rank": 2}, "cannot be stacked"),
+])
+def test_vmap_refuses_what_it_cannot_host_at_prepare(settings: dict, reason: str | None, tmp_path) -> None:
+    config = dataclasses.replace(BASE, executor="vmap", out=str(tmp_path), **settings)
+    with pytest.raises(ConfigError) as error:
+        prepare(config, {"rank_dist": "homo"} if settings.get("algo") == "flexlora" else {})
+    message = str(error.value)
+    assert "\n" not in message and (reason is None or reason in message), message
+
+
+def test_a_client_without_a_batch_takes_no_step() -> None:
+    """Clients are stepped in contiguous runs of equal batch size; the others keep their
+    parameters and optimizer state."""
+    assert contiguous_runs([32, 32, 5, 0, 32]) == [slice(0, 2), slice(2, 3), slice(4, 5)]
+    params = {"w": torch.ones(3, 2)}
+    optimizer = FunctionalOptimizer(OptimizerSpec(kind="adam", lr=0.1), ["w"], params)
+    optimizer.step_({"w": params["w"][0:2]}, {"w": torch.ones(2, 2)}, 1, slice(0, 2))
+    exp_avg, exp_avg_sq = optimizer.state["w"]
+    assert torch.equal(params["w"][2], torch.ones(2)) and not torch.equal(params["w"][0], torch.ones(2))
+    assert torch.equal(exp_avg[2], torch.zeros(2)) and torch.equal(exp_avg_sq[2], torch.zeros(2))
+    assert exp_avg[0].abs().sum() > 0
+
+
+def test_functional_sgd_matches_torch_optim() -> None:
+    spec = OptimizerSpec(kind="sgd", lr=0.1, momentum=0.9, weight_decay=0.01, max_grad_norm=0.5)
+    torch.manual_seed(0)
+    start, grads = torch.randn(2, 5), [torch.randn(2, 5) for _ in range(3)]
+    optimizer = FunctionalOptimizer(spec, ["w"], {"w": start})
+    value = start.clone()
+    for step, g in enumerate(grads, 1):
+        optimizer.step_({"w": value}, {"w": g}, step, slice(0, 2))
+    for client in range(2):
+        p = torch.nn.Parameter(start[client].clone())
+        reference = torch.optim.SGD([p], lr=0.1, momentum=0.9, weight_decay=0.01)
+        for g in grads:
+            p.grad = g[client].clone()
+            torch.nn.utils.clip_grad_norm_([p], 0.5)
+            reference.step()
+        torch.testing.assert_close(value[client], p.detach())
