@@ -19,6 +19,7 @@ from . import __version__
 from .config import (RunConfig, hyperparameters_from, identity_hash, resolve, run_identity,
                      run_name, validate, with_base_defaults)
 from .data import FederatedData, TensorDataset, load_dataset
+from .defaults import model_family
 from .engine import EXECUTORS, Algorithm, Executor, Federation, Observer, RunObserver
 from .engine.observers import RoundCallback
 from .errors import ConfigError
@@ -30,6 +31,7 @@ from .pretrain import initial_weights, load_initial_weights, public_split
 from .registry import ALGORITHMS
 from .results import RunWriter
 from .seeding import derive_seed, rng_stream
+from .trackers import check_trackers, make_trackers
 
 
 @dataclass
@@ -102,6 +104,10 @@ class PreparedRun:
     def server(self) -> Algorithm:  # the name before the executor seam
         return self.algorithm
 
+    @property
+    def hparams(self) -> Any:  # what the trackers log as algo_hparams.*
+        return self.algorithm.hparams
+
 
 def check_model(config: RunConfig, algorithm_class: type[Algorithm], hparams: Any,
                 dataset: TensorDataset) -> None:
@@ -127,7 +133,9 @@ def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None,
     if config.executor not in EXECUTORS:
         raise ConfigError(f"--executor {config.executor!r} is not one of: {', '.join(EXECUTORS)}")
     lora_rank = algorithm_class.lora_rank(config, hparams)
-    resolved: dict[str, Any] = {"run_defaults": applied}
+    resolved: dict[str, Any] = {"run_defaults": applied, "defaults_family": model_family(config.model)}
+    if config.log:
+        check_trackers(config.log)  # an unknown tracker or a missing library fails before any work
     device = resolve_device(config.device)
     dataset = load_dataset(config.dataset, config.dataset_options())
     # a preset partition sets K; a --num-clients other than the default must agree with it
@@ -206,7 +214,17 @@ def execute(prepared: PreparedRun, on_round: Callable[[dict[str, Any]], None] | 
             plugins: tuple[str, ...] = (), observers: Sequence[RunObserver] = ()) -> dict[str, Any]:
     """Run the rounds, writing every file of the run folder; returns the summary."""
     writer = WriterObserver(prepared, plugins)
-    observers = [writer, *observers, *([RoundCallback(on_round)] if on_round else [])]
+    trackers = make_trackers(prepared.config.log, prepared, prepared.config.mlflow_uri)
+    observers = [writer, *trackers, *observers, *([RoundCallback(on_round)] if on_round else [])]
+    try:
+        return _execute(prepared, writer, observers)
+    except BaseException:
+        for tracker in trackers:  # an MLflow run that stopped early is marked FAILED
+            tracker.close(failed=True)
+        raise
+
+
+def _execute(prepared: PreparedRun, writer: WriterObserver, observers: list[Any]) -> dict[str, Any]:
     federation = Federation(prepared.algorithm, prepared.executor, prepared.data.num_test, observers)
     for observer in observers:
         observer.on_run_start(prepared)
@@ -231,6 +249,9 @@ def execute(prepared: PreparedRun, on_round: Callable[[dict[str, Any]], None] | 
                "partition": config.partition, "seed": config.seed, "num_clients": config.num_clients,
                "model": config.model, **summarize(writer.records), **before, **report,
                "wall_time_s": time.perf_counter() - started, "run_dir": str(prepared.run_dir)}
+    if config.save_model:  # before summary.json: a finished run folder holds its models
+        from .model_export import save_models
+        save_models(prepared)
     writer.writer.write_summary(summary)
     for observer in observers:
         observer.on_run_end(summary)

@@ -11,6 +11,7 @@ import click
 
 from ..config import RunConfig
 from ..registry import ALGORITHMS, DATASETS, MODELS, PARTITIONERS
+from .config_file import config_option
 from .options import RunCommand, dataclass_options
 
 PARTITION_FIELDS = ("dataset", "dataset_option", "data_dir", "partition", "alpha",
@@ -34,6 +35,8 @@ def _run_callback(quiet: bool, plugin: tuple[str, ...], **values: Any) -> None:
         click.echo(f"before fine-tuning: pers_acc {summary['backbone_pers_acc']:.4f}; backbone "
                    f"{backbone['source']}; head {backbone['head']}")
     click.echo(_summary_line(summary))
+    if prepared.config.save_model:
+        click.echo(f"models: {prepared.run_dir / 'models'}")
 
 
 class ProgressObserver:
@@ -80,8 +83,11 @@ def _summary_line(summary: dict[str, Any]) -> str:
 
 
 run_command = RunCommand(
-    "run", callback=_run_callback, help="Run one federated experiment and write its results folder.",
-    params=[*dataclass_options(RunConfig),
+    "run", callback=_run_callback,
+    help="Run one federated experiment and write its results folder.\n\n"
+         "Options can come from a TOML/YAML file (--config FILE; keys = option names); options "
+         "given on the command line override the file.",
+    params=[config_option(), *dataclass_options(RunConfig),
             click.Option(["--quiet", "-q"], is_flag=True, help="No progress bar."),
             click.Option(["--plugin"], multiple=True, type=str,
                          help="Python file that registers an algorithm/dataset/model (repeatable).")])

@@ -1,0 +1,62 @@
+"""``--save-model``: a finished run's weights into ``RUN_DIR/models/`` (``saving.save_run_models``).
+
+Written after the last round, before ``summary.json`` (a finished run folder holds its models):
+
+- ``global.safetensors``: the final global model, ``algorithm.global_model()`` (every model
+  tensor, buffers included), for algorithms that have one (not ``local``);
+- ``clients/<k>.safetensors``: client k's private state as the algorithm keeps it between
+  rounds (``algorithm.store``: e.g. FedPer's head, FedBN's BatchNorm layers, SCAFFOLD's control
+  variates), for every client that trained and has private tensors;
+- ``meta.json``: what was saved plus the run's identity, model and layout (``meta``);
+- LoRA runs with a global model also get ``peft_global/`` (a peft adapter of the global model,
+  ``saving.export_peft_adapter``) and ``base_model.safetensors`` (the backbone under its original
+  names, which ``PeftModel.from_pretrained`` wraps: the backbone came from public pretraining,
+  not from the hub).
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from .config import identity_hash, run_identity
+from .saving import base_model_state, export_peft_adapter, save_run_models, save_tensors
+
+
+def models_meta(prepared: Any) -> dict[str, Any]:
+    config, algorithm = prepared.config, prepared.algorithm
+    identity = run_identity(config, type(algorithm), algorithm.hparams)
+    return {"run": prepared.run_dir.name, "algo": config.algo, "dataset": config.dataset,
+            "model": config.model, "model_options": config.model_options(),
+            "input_shape": list(prepared.dataset.input_shape),
+            "num_classes": prepared.dataset.num_classes, "rounds": config.rounds,
+            "identity_hash": identity_hash(identity),
+            "has_global_model": bool(algorithm.has_global_model),
+            "shared": sorted(algorithm.layout.shared), "private": sorted(algorithm.layout.private),
+            "lora": prepared.resolved.get("lora")}
+
+
+def save_models(prepared: Any) -> Path:
+    """Write the run's final models; returns ``RUN_DIR/models``."""
+    algorithm = prepared.algorithm
+    global_state = algorithm.global_model() if algorithm.has_global_model else None
+    clients = {k: state for k in algorithm.store.clients() if (state := algorithm.store.get(k))}
+    models = save_run_models(prepared.run_dir, global_state, clients, models_meta(prepared))
+    lora = prepared.resolved.get("lora")
+    if lora and global_state is not None:
+        export_lora(prepared, global_state, models)
+    return models
+
+
+def export_lora(prepared: Any, state: dict[str, Any], models: Path) -> Path:
+    """The global model as a peft adapter (``models/peft_global``) + its base model's weights."""
+    from .lora import lora_layers, parse_targets
+
+    config = prepared.config
+    model = copy.deepcopy(prepared.executor.model).cpu()
+    model.load_state_dict({n: t.detach().cpu() for n, t in state.items()}, strict=False)
+    layers = lora_layers(model)
+    save_tensors(models / "base_model.safetensors", base_model_state(model, layers))
+    return export_peft_adapter(model, models / "peft_global", layers, alpha=config.lora_alpha,
+                               target_modules=parse_targets(config.lora_targets),
+                               base_model_name=config.model)
