@@ -2,8 +2,13 @@
 
 Written after the last round, before ``summary.json`` (a finished run folder holds its models):
 
-- ``global.safetensors``: the final global model, ``algorithm.global_model()`` (every model
-  tensor, buffers included), for algorithms that have one (not ``local``);
+- ``global.safetensors``: the final global model, ``algorithm.global_model()`` completed with
+  the tensors nobody trains (a LoRA run's frozen backbone, integer buffers) so it loads into a
+  fresh model with ``strict=True``, for algorithms that have one (not ``local``);
+- ``shared.safetensors``: for algorithms without a global model that still share tensors
+  (FedPer, FedBN), every tensor but the private ones (the final ``algorithm.global_state``
+  and the untrained rest), so that ``{**shared, **clients[k]}`` is client k's model (meta
+  ``shared_file``; a client that never trained has the initial private tensors);
 - ``clients/<k>.safetensors``: client k's private state as the algorithm keeps it between
   rounds (``algorithm.store``: e.g. FedPer's head, FedBN's BatchNorm layers, SCAFFOLD's control
   variates), for every client that trained and has private tensors;
@@ -20,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from .config import identity_hash, run_identity
-from .saving import base_model_state, export_peft_adapter, save_run_models, save_tensors
+from .saving import MODELS_DIR, base_model_state, export_peft_adapter, save_run_models, save_tensors
+
+SHARED_FILE = "shared.safetensors"
 
 
 def models_meta(prepared: Any) -> dict[str, Any]:
@@ -39,9 +46,22 @@ def models_meta(prepared: Any) -> dict[str, Any]:
 def save_models(prepared: Any) -> Path:
     """Write the run's final models; returns ``RUN_DIR/models``."""
     algorithm = prepared.algorithm
-    global_state = algorithm.global_model() if algorithm.has_global_model else None
+    # complete model states: the tensors no one trains (a LoRA backbone, integer buffers) are
+    # the initial ones, so that the files load into a freshly built model with strict=True
+    fixed = algorithm.initial_state
+    global_state = {**fixed, **algorithm.global_model()} if algorithm.has_global_model else None
     clients = {k: state for k in algorithm.store.clients() if (state := algorithm.store.get(k))}
-    models = save_run_models(prepared.run_dir, global_state, clients, models_meta(prepared))
+    meta = models_meta(prepared)
+    shared = prepared.run_dir / MODELS_DIR / SHARED_FILE
+    shared.unlink(missing_ok=True)
+    if global_state is None and algorithm.global_state:
+        # no global model (FedPer's body has no head): every tensor but the private ones, which
+        # each client adds ({**shared, **clients[k]} is client k's model)
+        private = set(algorithm.layout.private)
+        save_tensors(shared, {**{n: t for n, t in fixed.items() if n not in private},
+                              **algorithm.global_state})
+        meta["shared_file"] = SHARED_FILE
+    models = save_run_models(prepared.run_dir, global_state, clients, meta)
     lora = prepared.resolved.get("lora")
     if lora and global_state is not None:
         export_lora(prepared, global_state, models)
