@@ -97,6 +97,8 @@ def prepare_rerun(run_dir: str | Path, out: str | Path | None = None,
     target = Path(out) if out is not None else default_rerun_out(recorded.run_dir)
     config = dataclasses.replace(recorded.config, out=str(target), **(overrides or {}))
     prepared = prepare(config, recorded.algo_options)
+    prepared.resolved["rerun_of"] = {"run_dir": str(recorded.run_dir.resolve()),
+                                     "identity_hash": recorded.identity_hash}
     if prepared.run_dir.resolve() == recorded.run_dir.resolve():
         raise ConfigError(f"--out {target} would overwrite the original run {recorded.run_dir}; "
                           "choose another --out")
