@@ -59,7 +59,7 @@ class RunConfig:
     rounds: int = option(50, "Communication rounds.")
     local_epochs: int = option(1, "Local epochs per round.")
     batch_size: int = option(32, "Local minibatch size.")
-    lr: float | None = option(None, "Local learning rate [default: 0.05 for the zoo's mlp/cnn/lenet/"
+    lr: float | None = option(None, "Local learning rate [default: 0.1 for the zoo's mlp/cnn/lenet/"
                               "cnn_bn, else 0.01; LoRA runs 1e-3].")
     optimizer: str | None = option(None, "Local optimizer [default: sgd; LoRA runs adam].",
                                    choices=("sgd", "adam"))

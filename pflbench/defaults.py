@@ -36,7 +36,7 @@ LORA_DEFAULT_RANK = 8  # LoRA algorithms' rank (FedSDG, FlexLoRA homo) when --lo
 MODEL_FAMILIES: dict[str, str] = {"mlp": "small", "cnn": "small", "lenet": "small",
                                   "cnn_bn": "small"}
 DEFAULTS_BY_FAMILY: dict[str, dict[str, Any]] = {
-    "small": {"lr": 0.05},
+    "small": {"lr": 0.1},
 }
 
 
