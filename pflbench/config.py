@@ -273,7 +273,7 @@ def resolve(config: RunConfig, algorithm: Any, hparams: Any,
     serves ``run``, ``sweep`` and library calls."""
     chosen = {**(shared_defaults or {}), **algorithm.run_defaults(config, hparams)}
     model = config.model if config.model is not None else chosen.get("model", BASE_DEFAULTS["model"])
-    defaults = {**BASE_DEFAULTS, **family_defaults(model), **chosen}
+    defaults = {**BASE_DEFAULTS, **family_defaults(model, config.algo), **chosen}
     applied = {name: defaults[name] for name in AUTO_FIELDS if getattr(config, name) is None}
     if config.model is None and not config.model_option and "model_option" in defaults:
         applied["model_option"] = tuple(defaults["model_option"])

@@ -8,13 +8,15 @@ the family's values (and only for unset settings), and one short run learns.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from pflbench.config import RunConfig, resolve
-from pflbench.defaults import BASE_DEFAULTS, DEFAULTS_BY_FAMILY, LORA_RUN_DEFAULTS, model_family
+from pflbench.defaults import (BASE_DEFAULTS, DEFAULTS_BY_FAMILY, DEFAULTS_BY_FAMILY_AND_ALGORITHM,
+                               LORA_RUN_DEFAULTS, model_family)
 from pflbench.registry import ALGORITHMS
 
 SMALL_LR = DEFAULTS_BY_FAMILY["small"]["lr"]
@@ -24,7 +26,7 @@ BUILTIN = ("fedavg", "fedprox", "local", "fedper", "fedrep", "flexlora", "fedsdg
 
 def resolved(config: RunConfig, algo: str = "fedavg", shared: dict | None = None):
     algorithm = ALGORITHMS.get(algo)
-    return resolve(config, algorithm, algorithm.hyperparameters(), shared)
+    return resolve(dataclasses.replace(config, algo=algo), algorithm, algorithm.hyperparameters(), shared)
 
 
 @pytest.mark.parametrize("model", [None, "cnn", "mlp", "lenet", "cnn_bn"])
@@ -33,6 +35,15 @@ def test_small_zoo_models_get_the_family_lr(model: str | None) -> None:
     assert model_family(config.model) == "small"
     assert config.lr == applied["lr"] == SMALL_LR == 0.1
     assert config.optimizer == "sgd" and config.max_grad_norm == 0.0
+
+
+def test_algorithm_refinements_of_the_family() -> None:
+    config, applied = resolved(RunConfig(), algo="scaffold")
+    assert config.lr == applied["lr"] == DEFAULTS_BY_FAMILY_AND_ALGORITHM[("small", "scaffold")]["lr"]
+    config, _ = resolved(RunConfig(model="resnet18"), algo="scaffold")  # no family: base defaults
+    assert config.lr == BASE_DEFAULTS["lr"]
+    config, _ = resolved(RunConfig(lr=0.2), algo="scaffold")
+    assert config.lr == 0.2
 
 
 def test_other_models_lora_runs_and_given_values_keep_theirs() -> None:
@@ -54,7 +65,8 @@ def test_every_builtin_algorithm_resolves_a_learning_default() -> None:
     for name in BUILTIN:
         algorithm = ALGORITHMS.get(name)
         config, _ = resolve(RunConfig(algo=name), algorithm, algorithm.hyperparameters())
-        expected = 1e-3 if algorithm.lora_rank(config, algorithm.hyperparameters()) else SMALL_LR
+        own = DEFAULTS_BY_FAMILY_AND_ALGORITHM.get(("small", name), {}).get("lr", SMALL_LR)
+        expected = 1e-3 if algorithm.lora_rank(config, algorithm.hyperparameters()) else own
         assert config.lr == expected, name
 
 
