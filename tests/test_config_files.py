@@ -119,7 +119,8 @@ def test_paper_example_parses_into_the_expected_grid() -> None:
     for run in runs:
         c = run.config
         assert (c.model, c.lr, c.rounds, c.num_clients, c.batch_size, c.out) == (
-            "cnn", 0.05, 50, 20, 32, "paper_digits")
+            "cnn", 0.1, 50, 20, 32, "paper_digits")
+    assert {r.algo_options.get("head_epochs") for r in runs if r.config.algo == "fedrep"} == {2}
 
 
 def test_sweep_file_with_set_table_and_command_line_override(tmp_path: Path) -> None:
