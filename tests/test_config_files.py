@@ -14,6 +14,27 @@ from pflbench.cli.run import run_command
 from pflbench.sweep import expand_grid
 
 ROOT = Path(__file__).resolve().parents[1]
+PLUGIN = '''
+from dataclasses import dataclass
+from pflbench import option, register_algorithm
+from pflbench.algorithms.fedavg import FedAvg
+
+
+@dataclass(frozen=True)
+class Damp:
+    damp: float = option(0.5, "Factor on the averaged model.")
+
+
+@register_algorithm("dampavg")
+class DampAvg(FedAvg):
+    """FedAvg with a damped aggregate (a test plugin named only in a config file)."""
+    hyperparameters = Damp
+
+    def aggregate(self, updates):
+        super().aggregate(updates)
+        for tensor in self.global_state.values():
+            tensor.mul_(self.hparams.damp)
+'''
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -149,3 +170,18 @@ def test_sweep_dry_run_lists_runs(tmp_path: Path) -> None:
     code, output = invoke("sweep", "--config", str(config), "--dry-run")
     assert code == 0, output
     assert "4 runs (dry run" in output and not (tmp_path / "o").exists()
+
+
+def test_config_file_plugin_registers_its_algorithm_and_reruns(tmp_path: Path) -> None:
+    plugin = tmp_path / "shrink_plugin.py"
+    plugin.write_text(PLUGIN)
+    config = write(tmp_path / "run.toml", f'plugin = ["{plugin}"]\nalgo = "dampavg"\ndamp = 0.9\n'
+                                          f'model = "mlp"\nnum_clients = 4\nrounds = 2\n'
+                                          f'out = "{tmp_path / "out"}"\n')
+    code, output = invoke("run", "--config", str(config), "--quiet")
+    assert code == 0, output
+    (folder,) = list((tmp_path / "out" / "runs").iterdir())
+    recorded = json.loads((folder / "config.json").read_text())
+    assert recorded["algo_hparams"] == {"damp": 0.9} and recorded["plugins"] == [str(plugin)]
+    code, output = invoke("rerun", str(folder), "--quiet", "--check")
+    assert code == 0 and "metrics identical" in output, output
