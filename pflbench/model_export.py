@@ -25,7 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from .config import identity_hash, run_identity
-from .saving import MODELS_DIR, base_model_state, export_peft_adapter, save_run_models, save_tensors
+from .saving import (
+    MODELS_DIR,
+    base_model_state,
+    export_peft_adapter,
+    save_run_models,
+    save_tensors,
+)
 
 SHARED_FILE = "shared.safetensors"
 

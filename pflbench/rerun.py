@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 import typing
 from pathlib import Path
@@ -131,7 +132,7 @@ def compare_rounds(original: str | Path, rerun: str | Path) -> list[str]:
 
 def _same(a: Any, b: Any) -> bool:
     """Equal, with NaN equal to NaN (a diverged run reruns as diverged)."""
-    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))

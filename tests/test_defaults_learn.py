@@ -15,8 +15,13 @@ from pathlib import Path
 import pytest
 
 from pflbench.config import RunConfig, resolve
-from pflbench.defaults import (BASE_DEFAULTS, DEFAULTS_BY_FAMILY, DEFAULTS_BY_FAMILY_AND_ALGORITHM,
-                               LORA_RUN_DEFAULTS, model_family)
+from pflbench.defaults import (
+    BASE_DEFAULTS,
+    DEFAULTS_BY_FAMILY,
+    DEFAULTS_BY_FAMILY_AND_ALGORITHM,
+    LORA_RUN_DEFAULTS,
+    model_family,
+)
 from pflbench.registry import ALGORITHMS
 
 SMALL_LR = DEFAULTS_BY_FAMILY["small"]["lr"]

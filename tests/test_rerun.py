@@ -10,7 +10,13 @@ from click.testing import CliRunner
 from pflbench import defaults
 from pflbench.cli import cli
 from pflbench.errors import ConfigError
-from pflbench.rerun import TIMING_KEYS, compare_rounds, default_rerun_out, prepare_rerun, read_run
+from pflbench.rerun import (
+    TIMING_KEYS,
+    compare_rounds,
+    default_rerun_out,
+    prepare_rerun,
+    read_run,
+)
 
 TINY = ["--dataset", "digits", "--model", "mlp", "--num-clients", "4", "--rounds", "3", "--quiet"]
 

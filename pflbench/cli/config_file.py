@@ -101,7 +101,7 @@ def _text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
-        return f"{value:g}" if value == value and abs(value) < 1e16 else repr(value)
+        return repr(value)  # the shortest text that reads back as the same float
     return str(value)
 
 
