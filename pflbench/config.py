@@ -19,6 +19,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from .defaults import (AUTO_FIELDS, BASE_DEFAULTS, LORA_DEFAULT_RANK, LORA_RUN_DEFAULTS,  # noqa: F401
+                       family_defaults)
 from .errors import ConfigError
 
 
@@ -57,7 +59,8 @@ class RunConfig:
     rounds: int = option(50, "Communication rounds.")
     local_epochs: int = option(1, "Local epochs per round.")
     batch_size: int = option(32, "Local minibatch size.")
-    lr: float | None = option(None, "Local learning rate [default: 0.01; LoRA runs 1e-3].")
+    lr: float | None = option(None, "Local learning rate [default: 0.1 for the zoo's mlp/cnn/lenet/"
+                              "cnn_bn, else 0.01; LoRA runs 1e-3].")
     optimizer: str | None = option(None, "Local optimizer [default: sgd; LoRA runs adam].",
                                    choices=("sgd", "adam"))
     momentum: float = option(0.0, "SGD momentum (optimizer state is fresh each round).")
@@ -104,6 +107,12 @@ class RunConfig:
                           "(many threads spin-wait on each other there). Not part of the run identity.")
     out: str = option("results", "Output folder; the run goes to OUT/runs/<name>/.")
     checkpoint_every: int = option(10, "Checkpoint every N rounds (run --resume; sweeps resume); 0 = never.")
+    save_model: bool = option(False, "After the last round, write the global model and each client's "
+                              "private state to RUN_DIR/models/ (safetensors; LoRA runs also a peft adapter).")
+    log: tuple[str, ...] = option((), "Experiment tracker(s): tensorboard, mlflow (comma-separated or "
+                                  "repeatable; pip install 'pflbench[tensorboard]' / '[mlflow]').")
+    mlflow_uri: str | None = option(None, "MLflow tracking URI for --log mlflow [default: "
+                                    "sqlite:///OUT/mlflow.db].")
 
     @property
     def sampled_per_round(self) -> int:
@@ -162,25 +171,6 @@ class RunConfig:
     @property
     def runtime_spec(self) -> RuntimeSpec:
         return RuntimeSpec(self.seed, self.device, self.executor, self.out, self.threads)
-
-
-# Settings left unset (None) that no algorithm or sweep gave a value: the plain defaults.
-BASE_DEFAULTS: dict[str, Any] = {"model": "cnn", "public_frac": 0.0, "optimizer": "sgd",
-                                 "lr": 0.01, "max_grad_norm": 0.0}
-AUTO_FIELDS = tuple(BASE_DEFAULTS)
-
-# Defaults of a LoRA run for the settings left unset (re-exported as ``lora.RUN_DEFAULTS``; kept
-# here so the CLI can show them without importing torch): LoRA needs a transformer and a
-# pretrained backbone, which offline means one pretrained on a public fraction of the data
-# (SPEC §4, "Backbone for LoRA methods"); Adam as in the LoRA papers.
-LORA_RUN_DEFAULTS: dict[str, Any] = {
-    "model": "vit_tiny_patch16_224",
-    "model_option": ("depth=6", "embed_dim=64", "num_heads=4"),
-    "public_frac": 0.2,
-    "optimizer": "adam",
-    "lr": 1e-3,
-}
-LORA_DEFAULT_RANK = 8  # LoRA algorithms' rank (FedSDG, FlexLoRA homo) when --lora-rank is unset
 
 
 def with_base_defaults(config: RunConfig) -> RunConfig:
@@ -302,9 +292,11 @@ def resolve(config: RunConfig, algorithm: Any, hparams: Any,
             shared_defaults: dict[str, Any] | None = None) -> tuple[RunConfig, dict[str, Any]]:
     """Fill the unset (None) settings: the algorithm's ``run_defaults`` first, then
     ``shared_defaults`` (a sweep gives every run of a LoRA grid the same model and data), then
-    ``BASE_DEFAULTS``. Returns the resolved config and the values filled in. The same function
+    the defaults of the model's family (``defaults.DEFAULTS_BY_FAMILY``), then ``BASE_DEFAULTS``. Returns the resolved config and the values filled in. The same function
     serves ``run``, ``sweep`` and library calls."""
-    defaults = {**BASE_DEFAULTS, **(shared_defaults or {}), **algorithm.run_defaults(config, hparams)}
+    chosen = {**(shared_defaults or {}), **algorithm.run_defaults(config, hparams)}
+    model = config.model if config.model is not None else chosen.get("model", BASE_DEFAULTS["model"])
+    defaults = {**BASE_DEFAULTS, **family_defaults(model, config.algo), **chosen}
     applied = {name: defaults[name] for name in AUTO_FIELDS if getattr(config, name) is None}
     if config.model is None and not config.model_option and "model_option" in defaults:
         applied["model_option"] = tuple(defaults["model_option"])

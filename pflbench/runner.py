@@ -4,6 +4,7 @@ federation's rounds with the result writer (and any other observers) watching.""
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 import os
 import platform
 import signal
@@ -23,6 +24,7 @@ from .config import (PartitionSpec, RunConfig, hyperparameters_from, identity_ha
 from .data import FederatedData, TensorDataset, load_dataset
 from .cache import warn
 from .checkpoint import CHECKPOINT_FILE, CheckpointObserver, load_checkpoint, restore_checkpoint
+from .defaults import model_family
 from .engine import EXECUTORS, Algorithm, Diverged, Executor, Federation, Observer, RunObserver
 from .engine.executor import make_executor
 from .engine.observers import RoundCallback
@@ -37,6 +39,7 @@ from .results import RunWriter, read_rounds
 from .rundir import Claim, RunPaths, fresh_work_folder, guard_run, publish, read_json, writing
 from .seeding import derive_seed, rng_stream
 from .threads import apply_threads
+from .trackers import check_trackers, make_trackers
 
 
 @dataclass
@@ -110,6 +113,10 @@ class PreparedRun:
     def server(self) -> Algorithm:  # the name before the executor seam
         return self.algorithm
 
+    @property
+    def hparams(self) -> Any:  # what the trackers log as algo_hparams.*
+        return self.algorithm.hparams
+
 
 def check_model(config: RunConfig, algorithm_class: type[Algorithm], hparams: Any,
                 dataset: TensorDataset) -> None:
@@ -141,7 +148,10 @@ def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None,
         raise ConfigError(f"--executor {config.executor!r} is not one of: {', '.join(EXECUTORS)}")
     getattr(EXECUTORS[config.executor], "check", lambda: None)()  # e.g. Ray installed
     lora_rank = algorithm_class.lora_rank(config, hparams)
-    resolved: dict[str, Any] = {"run_defaults": applied, "threads": apply_threads(config.threads)}
+    resolved: dict[str, Any] = {"run_defaults": applied, "defaults_family": model_family(config.model),
+                                "threads": apply_threads(config.threads)}
+    if config.log:
+        check_trackers(config.log)  # an unknown tracker or a missing library fails before any work
     device = resolve_device(config.device)
     dataset = load_dataset(config.dataset, config.dataset_options())
     # a preset partition sets K; a --num-clients other than the default must agree with it
@@ -278,7 +288,15 @@ def execute(prepared: PreparedRun, on_round: Callable[[dict[str, Any]], None] | 
     guard_run(paths, force)
     with Claim(paths) as claim, writing(paths.work):  # a full disk: "cannot write FILE: reason"
         guard_run(paths, force, check_claim=False)  # finished by another process meanwhile?
-        return _execute_claimed(prepared, paths, claim, on_round, plugins, observers, resume)
+        # trackers write into the work folder (tensorboard/), moved into place with the run
+        at_work = SimpleNamespace(config=prepared.config, run_dir=paths.work, hparams=prepared.algorithm.hparams)
+        trackers = make_trackers(prepared.config.log, at_work, prepared.config.mlflow_uri)
+        try:
+            return _execute_claimed(prepared, paths, claim, on_round, plugins, [*trackers, *observers], resume)
+        except BaseException:
+            for tracker in trackers:  # an MLflow run that stopped early is marked FAILED
+                tracker.close(failed=True)
+            raise
 
 
 def _execute_claimed(prepared: PreparedRun, paths: RunPaths, claim: Claim,
@@ -333,6 +351,10 @@ def _execute_claimed(prepared: PreparedRun, paths: RunPaths, claim: Claim,
     summary = {"status": "completed", **base_summary(), **summarize(records), **before, **report,
                "wall_time_s": time.perf_counter() - started, **checkpointer.report(),
                "run_dir": str(paths.final)}
+    if config.save_model:  # before summary.json: a finished run folder holds its models
+        from .model_export import save_models
+
+        save_models(prepared, paths.work)
     writer.write_summary(summary)
     (paths.work / CHECKPOINT_FILE).unlink(missing_ok=True)
     publish(paths)

@@ -212,7 +212,8 @@ def _mlflow(run: Any, options: dict[str, Any]) -> MLflowTracker:
     if not uri:
         uri = default_mlflow_uri(run.run_dir)
         artifacts = (Path(run.run_dir).resolve().parent.parent / "mlartifacts").as_uri()
-    return MLflowTracker(uri, Path(run.run_dir).name, options.get("mlflow_experiment") or EXPERIMENT,
+    name = Path(run.run_dir).name.removeprefix(".tmp-")  # the runner's work folder: the run's name
+    return MLflowTracker(uri, name, options.get("mlflow_experiment") or EXPERIMENT,
                          artifacts)
 
 
@@ -223,13 +224,9 @@ TRACKERS: dict[str, tuple[Callable[[Any, dict[str, Any]], Any], str]] = {
 }
 
 
-def make_trackers(names: Iterable[str], run: Any, mlflow_uri: str | None = None,
-                  mlflow_experiment: str | None = None) -> list[Any]:
-    """Build the observers for ``--log NAME`` (repeatable or comma-separated).
-
-    ``run`` has ``.config`` (a RunConfig), ``.run_dir`` and optionally ``.hparams``. Raises
-    ``ConfigError`` for an unknown name or a library that is not installed.
-    """
+def check_trackers(names: Iterable[str]) -> list[str]:
+    """The tracker names of ``--log`` (repeatable or comma-separated), de-duplicated; raises
+    ``ConfigError`` for an unknown name or a library that is not installed (nothing is made)."""
     import importlib.util
 
     wanted: list[str] = []
@@ -245,6 +242,17 @@ def make_trackers(names: Iterable[str], run: Any, mlflow_uri: str | None = None,
         if importlib.util.find_spec(module) is None:
             raise ConfigError(f"--log {name} needs the {module} package: "
                               f'pip install "pflbench[{name}]"')
+    return wanted
+
+
+def make_trackers(names: Iterable[str], run: Any, mlflow_uri: str | None = None,
+                  mlflow_experiment: str | None = None) -> list[Any]:
+    """Build the observers for ``--log NAME`` (repeatable or comma-separated).
+
+    ``run`` has ``.config`` (a RunConfig), ``.run_dir`` and optionally ``.hparams``. Raises
+    ``ConfigError`` for an unknown name or a library that is not installed.
+    """
+    wanted = check_trackers(names)
     options = {"mlflow_uri": mlflow_uri, "mlflow_experiment": mlflow_experiment}
     trackers: list[Any] = []
     try:

@@ -91,7 +91,8 @@ def test_lora_run_defaults_fill_only_what_the_user_did_not_set() -> None:
     kept, applied = resolve(RunConfig(model="resnet18", lora_rank=4), FedAvg, hparams)
     assert kept.model_option == () and "model" not in applied and "model_option" not in applied
     plain, applied = resolve(RunConfig(), FedAvg, hparams)
-    assert (plain.model, plain.lr, plain.optimizer, plain.public_frac) == ("cnn", 0.01, "sgd", 0.0)
+    # the CNN's lr comes from its family's defaults (defaults.DEFAULTS_BY_FAMILY, issue 14 item 6)
+    assert (plain.model, plain.lr, plain.optimizer, plain.public_frac) == ("cnn", 0.1, "sgd", 0.0)
 
 
 def test_library_and_cli_resolve_a_lora_run_the_same_way(tmp_path: Path) -> None:

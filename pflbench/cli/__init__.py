@@ -1,6 +1,8 @@
 """The ``pflbench`` command line.
 
 - ``run.py``: ``run``, ``list``, ``partition``
+- ``rerun.py``: ``rerun`` (a run again from its config.json)
+- ``config_file.py``: ``--config FILE`` (TOML/YAML) for ``run`` and ``sweep``
 - ``bench.py``: ``sweep``, ``leaderboard``
 - ``pretrain.py``: ``pretrain``
 - ``options.py``: dataclass → click options; one ``Error:`` line and exit code 2 for bad input
@@ -18,6 +20,7 @@ import click
 from .bench import leaderboard_command, sweep
 from .options import PflbenchGroup
 from .pretrain import pretrain_command
+from .rerun import rerun_command
 from .run import list_command, partition_command, run_command
 
 
@@ -28,7 +31,8 @@ def cli() -> None:
     """pflbench — personalized federated learning benchmarks."""
 
 
-for command in (run_command, list_command, partition_command, sweep, leaderboard_command, pretrain_command):
+for command in (run_command, rerun_command, list_command, partition_command, sweep, leaderboard_command,
+                pretrain_command):
     cli.add_command(command)
 
 

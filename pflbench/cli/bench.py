@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from .config_file import config_option
 from .options import RunCommand, _flag, dataclass_options
 from ..config import RunConfig
 from ..errors import ConfigError
@@ -14,43 +15,57 @@ SWEEP_SHARED = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name not
 
 
 def _sweep_axes(sets: tuple[str, ...], values: dict[str, Any], run_fields: set[str]) -> dict[str, tuple[Any, ...]]:
-    """--set axes plus single-valued algorithm options (--mu 0.1); an option given both ways is an error."""
+    """--set axes plus single-valued algorithm options (--mu 0.1). An option given both ways in
+    the same place (both on the command line, or both in --config) is an error; between the two
+    places the command line wins."""
     from click.core import ParameterSource
 
     from ..sweep import parse_sets
 
     axes: dict[str, tuple[Any, ...]] = dict(parse_sets(sets))
     context = click.get_current_context()
+    given = (ParameterSource.COMMANDLINE, ParameterSource.DEFAULT_MAP)
+    sets_source = context.get_parameter_source("sets")
     for name, value in values.items():
-        explicit = context.get_parameter_source(name) is ParameterSource.COMMANDLINE
-        if name in axes and explicit:
-            raise ConfigError(f"{_flag(name)} and --set {name} are both given; use one")
+        source = context.get_parameter_source(name)
+        if name in axes and source in given:
+            if source is sets_source:
+                where = "--config" if source is ParameterSource.DEFAULT_MAP else "the command line"
+                raise ConfigError(f"{_flag(name)} and --set {name} are both given ({where}); use one")
+            if source is ParameterSource.DEFAULT_MAP:
+                continue  # the command line's --set wins over the file's single value
         if name not in run_fields and value is not None:
             axes[name] = (value,)
     return axes
 
 
+def sweep_plan(algos: str, datasets: str, alphas: str, seeds: str, sets: tuple[str, ...],
+               **values: Any) -> tuple[RunConfig, Any]:
+    """(shared RunConfig, Grid) from the sweep command's values (inside its click context)."""
+    from ..sweep import Grid, split_values
+
+    run_fields = {f.name for f in dataclasses.fields(RunConfig)}
+    base = RunConfig(**{k: v for k, v in values.items() if k in run_fields})
+    grid = Grid(split_values(algos, str, "--algos"), split_values(datasets, str, "--datasets"),
+                split_values(alphas, float, "--alphas"), split_values(seeds, int, "--seeds"),
+                _sweep_axes(sets, values, run_fields))
+    return base, grid
+
+
 def _sweep_callback(algos: str, datasets: str, alphas: str, seeds: str, sets: tuple[str, ...],
-                    jobs: int, quiet: bool, plugin: tuple[str, ...], ray: bool, cpus_per_run: float,
-                    gpus_per_run: float, **values: Any) -> int:
+                    jobs: int, quiet: bool, dry_run: bool, plugin: tuple[str, ...], ray: bool,
+                    cpus_per_run: float, gpus_per_run: float, **values: Any) -> int:
     from pathlib import Path
 
     from ..config import hyperparameters_from
     from ..registry import ALGORITHMS
     from ..rundir import check_writable
-    from ..sweep import (Grid, check_grid, count_statuses, expand_grid, run_sweep, split_values,
-                         sweep_record_path)
+    from ..sweep import check_grid, count_statuses, expand_grid, run_sweep, sweep_record_path
     from .options import refuse_inert_options
 
-    run_fields = {f.name for f in dataclasses.fields(RunConfig)}
-    base = RunConfig(**{k: v for k, v in values.items() if k in run_fields})
-    check_writable(base.out)
-    check_writable(Path(base.out) / "runs")
-    grid = Grid(split_values(algos, str, "--algos"), split_values(datasets, str, "--datasets"),
-                split_values(alphas, float, "--alphas"), split_values(seeds, int, "--seeds"),
-                _sweep_axes(sets, values, run_fields))
+    base, grid = sweep_plan(algos, datasets, alphas, seeds, sets, **values)
     on_ray = ray or (base.ray_address is not None and base.executor != "ray")
-    if on_ray:  # fail before expanding (and before any Ray start-up) on bad resources/no Ray
+    if on_ray and not dry_run:  # fail before expanding (and before any Ray start-up) on bad resources/no Ray
         from ..ray_support import require_ray
         from ..ray_sweep import check_resources
 
@@ -60,6 +75,14 @@ def _sweep_callback(algos: str, datasets: str, alphas: str, seeds: str, sets: tu
     refuse_inert_options([(run.config, hyperparameters_from(ALGORITHMS.get(run.config.algo).hyperparameters,
                                                             dict(run.algo_options), run.config.algo))
                           for run in runs])
+    if dry_run:
+        for run in runs:
+            done = " (finished)" if (run.run_dir / "summary.json").is_file() else ""
+            click.echo(f"{run.describe()}: {run.run_dir}{done}")
+        click.echo(f"sweep: {len(runs)} runs (dry run, nothing was run)")
+        return 0
+    check_writable(base.out)
+    check_writable(Path(base.out) / "runs")
     check_grid(runs)  # each distinct dataset/partition/model built once: bad options refuse the grid
     record = sweep_record_path(base.out, grid, base)
 
@@ -117,8 +140,12 @@ sweep = RunCommand(
          "results (status diverged, exit code 1); a failed run gets error.json in its folder and "
          "the sweep goes on (exit code 1 at the end). The sweep's grid and each run's status go to "
          "OUT/sweeps/<time>-<hash>.json.\n\n"
-         "\b\nExample:\n  pflbench sweep --algos fedavg,fedprox --alphas 0.1,1 --seeds 0,1,2 --set mu=0.01,0.1",
-    params=[click.Option(["--algos"], default=RunConfig.algo, show_default=True,
+         "A whole grid can live in a TOML/YAML file (--config FILE: algos, datasets, alphas, seeds, "
+         "a [set] table and any shared option); the command line overrides it.\n\n"
+         "\b\nExample:\n  pflbench sweep --algos fedavg,fedprox --alphas 0.1,1 --seeds 0,1,2 --set mu=0.01,0.1\n"
+         "  pflbench sweep --config examples/paper_digits.toml",
+    params=[config_option(),
+            click.Option(["--algos"], default=RunConfig.algo, show_default=True,
                          help="Algorithms, comma-separated."),
             click.Option(["--datasets"], default=RunConfig.dataset, show_default=True,
                          help="Datasets, comma-separated."),
@@ -143,6 +170,8 @@ sweep = RunCommand(
                               "threads (--threads 0: every usable core). Same metrics as --jobs 1 "
                               "at equal threads per run."),
             click.Option(["--quiet", "-q"], is_flag=True, help="Print only the final summary."),
+            click.Option(["--dry-run"], is_flag=True, help="List the grid's runs (and which are "
+                         "finished) without running anything."),
             click.Option(["--plugin"], multiple=True, type=str,
                          help="Python file that registers an algorithm/dataset/model (repeatable).")])
 

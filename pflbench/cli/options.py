@@ -10,6 +10,7 @@ import dataclasses
 import sys
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 import click
@@ -17,6 +18,7 @@ import click
 from ..config import RunConfig, field_types
 from ..errors import ConfigError
 from ..registry import ALGORITHMS, load_plugin_file
+from .config_file import config_path_from, default_map, plugins_of, read_config_file
 
 
 def _flag(name: str) -> str:
@@ -129,10 +131,19 @@ def refuse_inert_options(configs: list[tuple[RunConfig, Any]]) -> None:
 
 
 class RunCommand(click.Command):
-    """``run`` gains each registered algorithm's hyperparameters as options (after --plugin)."""
+    """``run`` gains each registered algorithm's hyperparameters as options (after --plugin), and
+    ``--config FILE`` supplies defaults for every option (``config_file.py``)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         _load_plugins_from(args)
+        path = config_path_from(args)
+        if path is not None and not any(a in ("--help", "-h") for a in args):
+            # the file's values become click's defaults: command-line options override them
+            table = read_config_file(path)
+            for plugin in plugins_of(table):
+                load_plugin_file(plugin)
+            values = default_map(table, self.get_params(ctx), Path(path))
+            ctx.default_map = {**(ctx.default_map or {}), **values}
         return super().parse_args(ctx, args)
 
     def get_params(self, ctx: click.Context) -> list[click.Parameter]:

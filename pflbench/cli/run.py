@@ -11,6 +11,7 @@ import click
 
 from ..config import RunConfig
 from ..registry import ALGORITHMS, DATASETS, MODELS, PARTITIONERS
+from .config_file import config_option
 from .options import RunCommand, dataclass_options
 
 PARTITION_FIELDS = ("dataset", "dataset_option", "data_dir", "partition", "alpha",
@@ -51,6 +52,8 @@ def _run_callback(quiet: bool, plugin: tuple[str, ...], force: bool, resume: boo
         click.echo(f"before fine-tuning: pers_acc {summary['backbone_pers_acc']:.4f}; backbone "
                    f"{backbone['source']}; head {backbone['head']}")
     click.echo(_summary_line(summary))
+    if prepared.config.save_model:
+        click.echo(f"models: {prepared.run_dir / 'models'}")
     return 0
 
 
@@ -102,8 +105,10 @@ run_command = RunCommand(
     "run", callback=_run_callback, help="Run one federated experiment and write its results folder OUT/runs/<name>/ (built in "
          "OUT/runs/.tmp-<name>/ and moved into place when complete).\n\nExit code 0: completed; 1: "
          "diverged (a non-finite loss or parameter; partial results kept with status diverged); "
-         "2: bad input, or a finished run without --force (one Error: line, nothing written).",
-    params=[*dataclass_options(RunConfig),
+         "2: bad input, or a finished run without --force (one Error: line, nothing written).\n\n"
+         "Options can come from a TOML/YAML file (--config FILE; keys = option names); options "
+         "given on the command line override the file.",
+    params=[config_option(), *dataclass_options(RunConfig),
             click.Option(["--quiet", "-q"], is_flag=True, help="No progress bar."),
             click.Option(["--force"], is_flag=True,
                          help="Redo a run that already finished in --out (the earlier result is "

@@ -1,0 +1,172 @@
+"""``--config FILE`` for ``pflbench run`` and ``pflbench sweep``: the options in a file.
+
+A config file is a flat table (TOML, or YAML when PyYAML is installed) whose keys are the
+command's option names, with ``-`` or ``_`` (``local-epochs`` = ``local_epochs``): every
+``RunConfig`` setting, the algorithms' hyperparameters (``mu``, ``head_epochs``, ...),
+``plugin``; for ``sweep`` also ``algos``, ``datasets``, ``alphas``, ``seeds`` (lists or
+comma-separated strings) and ``set`` (a table ``{name = [values]}``). Options given on the
+command line override the file: the file's values become click's ``default_map``, so click
+converts and validates them like typed options, and ``ctx.get_parameter_source`` tells
+``DEFAULT_MAP`` (from the file) from ``COMMANDLINE``. An unknown key is one ``ConfigError``
+line naming it and the valid keys.
+
+Example (``examples/paper_digits.toml``)::
+
+    algos = ["fedavg", "fedper", "fedrep"]
+    alphas = [0.1, 1.0]
+    seeds = [0, 1, 2]
+    rounds = 50
+    [set]
+    lr = [0.05]
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..errors import ConfigError
+
+SUFFIXES = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml"}
+# keys whose option name differs from the key (``set`` is the --set option, parameter ``sets``)
+RENAMED = {"set": "sets"}
+LIST_AS_TEXT = ("algos", "datasets", "alphas", "seeds")  # comma-separated options of sweep
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The file's table, keys normalised (``-`` → ``_``). Format from the suffix."""
+    path = Path(path)
+    kind = SUFFIXES.get(path.suffix.lower())
+    if kind is None:
+        raise ConfigError(f"--config {path}: unknown format {path.suffix or '(no suffix)'!r}; "
+                          f"use .toml, .yaml or .yml")
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"--config {path}: {error.strerror or error}") from None
+    data = _parse_toml(text, path) if kind == "toml" else _parse_yaml(text, path)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: the file must hold a table of options, not a "
+                          f"{type(data).__name__}")
+    table: dict[str, Any] = {}
+    for key, value in data.items():
+        name = str(key).strip().lstrip("-").replace("-", "_")
+        if name in table:
+            raise ConfigError(f"--config {path}: {key!r} is given twice")
+        table[name] = value
+    return table
+
+
+def _parse_toml(text: str, path: Path) -> Any:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ModuleNotFoundError:
+            raise ConfigError(f"--config {path}: reading TOML on Python 3.10 needs tomli "
+                              "(pip install tomli)") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"--config {path}: not valid TOML: {error}") from None
+
+
+def _parse_yaml(text: str, path: Path) -> Any:
+    try:
+        import yaml
+    except ModuleNotFoundError:
+        raise ConfigError(f"--config {path}: YAML needs PyYAML (pip install pyyaml), or use "
+                          "a .toml file") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else "parse error"
+        raise ConfigError(f"--config {path}: not valid YAML: {first}") from None
+
+
+def _as_strings(value: Any) -> tuple[str, ...]:
+    """``["a=1"]``, ``"a=1"`` or ``{a: 1}`` → ``("a=1",)`` (repeatable KEY=VALUE options)."""
+    if isinstance(value, dict):
+        return tuple(f"{k}={_text(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return tuple(_text(v) for v in value)
+    return (_text(value),)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)  # the shortest text that reads back as the same float
+    return str(value)
+
+
+def _sets(value: Any, path: Path) -> tuple[str, ...]:
+    """The ``set`` table ``{mu = [0.01, 0.1]}`` → ``("mu=0.01,0.1",)`` (also a list of strings)."""
+    if isinstance(value, dict):
+        items = []
+        for name, values in value.items():
+            listed = values if isinstance(values, (list, tuple)) else [values]
+            items.append(f"{name}=" + ",".join(_text(v) for v in listed))
+        return tuple(items)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise ConfigError(f"--config {path}: 'set' must be a table of NAME = [VALUES] "
+                      f"(e.g. set = {{mu = [0.01, 0.1]}})")
+
+
+def default_map(table: dict[str, Any], params: list[click.Parameter], path: Path,
+                ignore: tuple[str, ...] = ("config", "help")) -> dict[str, Any]:
+    """The file's values keyed by the command's parameter names, shaped for click's
+    ``default_map`` (lists for repeatable options, text for comma-separated ones)."""
+    by_name = {p.name: p for p in params if p.name and p.name not in ignore}
+    mapped: dict[str, Any] = {}
+    for key, value in table.items():
+        name = RENAMED.get(key, key)
+        param = by_name.get(name)
+        if param is None:
+            valid = sorted({next((k for k, v in RENAMED.items() if v == n), n) for n in by_name})
+            raise ConfigError(f"--config {path}: unknown key {key!r}; valid keys: {', '.join(valid)}")
+        if name == "sets":
+            mapped[name] = _sets(value, path)
+        elif name in LIST_AS_TEXT:
+            mapped[name] = ",".join(_text(v) for v in value) if isinstance(value, (list, tuple)) else _text(value)
+        elif getattr(param, "multiple", False):
+            mapped[name] = _as_strings(value)
+        elif isinstance(value, (list, dict)):
+            raise ConfigError(f"--config {path}: {key!r} takes one value, got {_text(value)!r}")
+        else:
+            mapped[name] = value
+    return mapped
+
+
+def config_path_from(args: list[str]) -> str | None:
+    """The value of ``--config`` in raw arguments (read before click parses them, so that the
+    file's plugins can register their algorithms' options first)."""
+    found = None
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg == "--config" and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith("--config="):
+            found = arg.split("=", 1)[1]
+    return found
+
+
+def plugins_of(table: dict[str, Any]) -> list[str]:
+    value = table.get("plugin", [])
+    return [str(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+
+
+CONFIG_OPTION_HELP = ("TOML or YAML file of options (keys = option names, `-` or `_`); options "
+                      "given on the command line override it.")
+
+
+def config_option() -> click.Option:
+    return click.Option(["--config"], type=click.Path(dir_okay=False), default=None,
+                        help=CONFIG_OPTION_HELP, expose_value=False, is_eager=True)

@@ -1,0 +1,54 @@
+"""``pflbench rerun RUN_DIR``: reproduce a run from its config.json (``pflbench/rerun.py``)."""
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+
+@click.command("rerun")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", type=click.Path(file_okay=False),
+              help="Output folder of the rerun (it goes to OUT/runs/<name>/) [default: "
+                   "OUT/reruns/<name>-<time>/ beside the original's OUT/runs/]. Never the original's.")
+@click.option("--save-model/--no-save-model", default=None,
+              help="Also write the final models [default: as the original run].")
+@click.option("--log", multiple=True, help="Experiment tracker(s) for the rerun: tensorboard, mlflow.")
+@click.option("--mlflow-uri", default=None, help="MLflow tracking URI for --log mlflow.")
+@click.option("--check", is_flag=True,
+              help="Exit with code 1 if the rerun's metrics differ from the original's.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def rerun_command(run_dir: str, out: str | None, save_model: bool | None, log: tuple[str, ...],
+                  mlflow_uri: str | None, check: bool, quiet: bool) -> int:
+    """Run RUN_DIR's experiment again from its config.json (every resolved setting, the
+    algorithm's hyperparameters, the plugins) into a new folder, then compare the metrics
+    with the original's rounds.jsonl (timings aside; identical on the CPU)."""
+    from ..config import identity_hash, run_identity
+    from ..rerun import compare_rounds, prepare_rerun
+    from ..runner import execute
+    from .run import _execute_with_progress, _summary_line
+
+    overrides: dict[str, Any] = {}
+    if save_model is not None:
+        overrides["save_model"] = save_model
+    if log:
+        overrides["log"] = log
+    if mlflow_uri is not None:
+        overrides["mlflow_uri"] = mlflow_uri
+    prepared, recorded = prepare_rerun(run_dir, out, overrides)
+    identity = identity_hash(run_identity(prepared.config, type(prepared.algorithm), prepared.algorithm.hparams))
+    if recorded.identity_hash and identity != recorded.identity_hash:
+        click.echo(f"warning: the rerun's settings hash to {identity}, the original's to "
+                   f"{recorded.identity_hash} (pflbench changed what identifies a run?)", err=True)
+    if quiet:
+        summary = execute(prepared, plugins=recorded.plugins)
+    else:
+        summary = _execute_with_progress(prepared, recorded.plugins, execute)
+    click.echo(_summary_line(summary))
+    differences = compare_rounds(recorded.run_dir, prepared.run_dir)
+    if not differences:
+        click.echo(f"metrics identical to {recorded.run_dir} (timings aside)")
+        return 0
+    shown = "; ".join(differences[:3]) + (f"; … ({len(differences)} in all)" if len(differences) > 3 else "")
+    click.echo(f"metrics DIFFER from {recorded.run_dir}: {shown}", err=True)
+    return 1 if check else 0
