@@ -288,11 +288,9 @@ def execute(prepared: PreparedRun, on_round: Callable[[dict[str, Any]], None] | 
     guard_run(paths, force)
     with Claim(paths) as claim, writing(paths.work):  # a full disk: "cannot write FILE: reason"
         guard_run(paths, force, check_claim=False)  # finished by another process meanwhile?
-        # trackers write into the work folder (tensorboard/), moved into place with the run
-        at_work = SimpleNamespace(config=prepared.config, run_dir=paths.work, hparams=prepared.algorithm.hparams)
-        trackers = make_trackers(prepared.config.log, at_work, prepared.config.mlflow_uri)
+        trackers: list[Any] = []  # made once the work folder exists (_execute_claimed)
         try:
-            return _execute_claimed(prepared, paths, claim, on_round, plugins, [*trackers, *observers], resume)
+            return _execute_claimed(prepared, paths, claim, on_round, plugins, observers, resume, trackers)
         except BaseException:
             for tracker in trackers:  # an MLflow run that stopped early is marked FAILED
                 tracker.close(failed=True)
@@ -301,7 +299,7 @@ def execute(prepared: PreparedRun, on_round: Callable[[dict[str, Any]], None] | 
 
 def _execute_claimed(prepared: PreparedRun, paths: RunPaths, claim: Claim,
                      on_round: Callable[[dict[str, Any]], None] | None, plugins: tuple[str, ...],
-                     observers: Sequence[RunObserver], resume: bool) -> dict[str, Any]:
+                     observers: Sequence[RunObserver], resume: bool, trackers: list[Any]) -> dict[str, Any]:
     config = prepared.config
     identity = identity_hash(run_identity(config, type(prepared.algorithm), prepared.algorithm.hparams))
     done = read_json(paths.work / "summary.json") if resume else None
@@ -311,6 +309,10 @@ def _execute_claimed(prepared: PreparedRun, paths: RunPaths, claim: Claim,
         return done
     federation = Federation(prepared.algorithm, prepared.executor, prepared.data.num_test)
     writer, records, before = _start(prepared, federation, paths, identity, resume, plugins)
+    # trackers write into the work folder (tensorboard/), moved into place with the run
+    at_work = SimpleNamespace(config=config, run_dir=paths.work, hparams=prepared.algorithm.hparams)
+    trackers.extend(make_trackers(config.log, at_work, config.mlflow_uri))
+    observers = [*trackers, *observers]
     checkpointer = CheckpointObserver(paths.work / CHECKPOINT_FILE, federation, identity,
                                       config.checkpoint_every, writer, before, claim)
     kill_after = os.environ.get("PFLBENCH_TEST_KILL_AFTER_ROUND")
@@ -355,11 +357,11 @@ def _execute_claimed(prepared: PreparedRun, paths: RunPaths, claim: Claim,
         from .model_export import save_models
 
         save_models(prepared, paths.work)
+    for observer in federation.observers:  # trackers close their files while they are in the work folder
+        observer.on_run_end(summary)
     writer.write_summary(summary)
     (paths.work / CHECKPOINT_FILE).unlink(missing_ok=True)
     publish(paths)
-    for observer in federation.observers:
-        observer.on_run_end(summary)
     return summary
 
 

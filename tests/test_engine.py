@@ -164,7 +164,8 @@ def test_inert_settings_do_not_change_the_run_identity() -> None:
     assert name(lr=0.02) != plain and name(seed=1) != plain and name(alpha=0.1) != plain
     assert name(partition="shards", shards_per_client=5) != name(partition="shards")
     assert name(FedPer, head_layers=2) != name(FedPer)  # FedPer reads --head-layers
-    assert name(lr=0.01) == plain  # the resolved default and the same value given explicitly
+    default_lr, _ = resolve(RunConfig(), FedAvg, FedAvg.hyperparameters())
+    assert name(lr=default_lr.lr) == plain  # the resolved default and the same value given explicitly
 
 
 def test_head_layers_are_honoured_under_lora() -> None:

@@ -143,14 +143,12 @@ def test_peft_adapter_active_rank_and_rank_pattern(tmp_path):
     pytest.importorskip("peft")
     base, model = _lora_model(rank=6, alpha=3.0)
     layers = lora_layers(model)
-    for layer in layers.values():
-        layer.active_rank = 4
-    layers["fc2"].active_rank = torch.tensor(2, dtype=torch.int64)  # the restructure's buffer
+    for layer in layers.values():  # active_rank is a buffer (the rank actually used)
+        layer.set_active_rank(4)
+    layers["fc2"].set_active_rank(2)
     x = torch.randn(5, 6)
     with torch.no_grad():
-        layers["fc2"].active_rank = 2
         expected = model(x)
-        layers["fc2"].active_rank = torch.tensor(2, dtype=torch.int64)
     export_peft_adapter(model, tmp_path, layers, rank=6, alpha=3.0, target_modules=["fc1", "block.0", "fc2"])
     config = json.loads((tmp_path / "adapter_config.json").read_text())
     assert config["r"] == 4 and config["rank_pattern"] == {"fc2": 2} and config["lora_alpha"] == 3

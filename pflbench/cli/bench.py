@@ -39,10 +39,16 @@ def _sweep_axes(sets: tuple[str, ...], values: dict[str, Any], run_fields: set[s
     return axes
 
 
+SWEEP_CONTROLS = ("jobs", "quiet", "dry_run", "plugin", "ray", "cpus_per_run", "gpus_per_run", "config")
+
+
 def sweep_plan(algos: str, datasets: str, alphas: str, seeds: str, sets: tuple[str, ...],
                **values: Any) -> tuple[RunConfig, Any]:
-    """(shared RunConfig, Grid) from the sweep command's values (inside its click context)."""
+    """(shared RunConfig, Grid) from the sweep command's values (inside its click context);
+    the sweep's own controls (--jobs, --ray, ...) are not grid settings."""
     from ..sweep import Grid, split_values
+
+    values = {k: v for k, v in values.items() if k not in SWEEP_CONTROLS}
 
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
     base = RunConfig(**{k: v for k, v in values.items() if k in run_fields})
