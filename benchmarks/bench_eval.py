@@ -7,6 +7,7 @@ in which every client trained), then ``Federation.evaluate`` is timed (median of
 For FedRep the time of today's per-client evaluation (each client's whole model on its own test
 split) is printed alongside: the ratio is what running the shared body once saves.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,9 +46,17 @@ def main() -> None:
     rows = []
     for algo in args.algos.split(","):
         for clients in (int(c) for c in args.clients.split(",")):
-            config = RunConfig(algo=algo, dataset="synthetic", model=args.model, num_clients=clients,
-                               dataset_option=(f"num_samples={args.num_samples}", f"shape={args.shape}"),
-                               partition=args.partition, threads=args.threads, executor=args.executor, out="/tmp/pflbench_bench_eval")
+            config = RunConfig(
+                algo=algo,
+                dataset="synthetic",
+                model=args.model,
+                num_clients=clients,
+                dataset_option=(f"num_samples={args.num_samples}", f"shape={args.shape}"),
+                partition=args.partition,
+                threads=args.threads,
+                executor=args.executor,
+                out="/tmp/pflbench_bench_eval",
+            )
             prepared = prepare(config)
             algorithm, executor = prepared.algorithm, prepared.executor
             for k in range(clients):  # a head of its own per client
@@ -56,14 +65,15 @@ def main() -> None:
             now = median_time(federation.evaluate, args.repeats)
             row = {"algo": algo, "clients": clients, "eval_s": now}
             if not algorithm.clients_share_one_model():
+
                 def per_client(algorithm=algorithm, executor=executor, clients=clients) -> np.ndarray:
                     jobs = [EvalJob(algorithm.personal_model(k), (k,)) for k in range(clients)]
                     return np.concatenate(executor.evaluate(algorithm.program, jobs))
+
                 row["per_client_eval_s"] = median_time(per_client, args.repeats)
                 row["speedup"] = row["per_client_eval_s"] / now
             rows.append(row)
-            extra = (f", per-client {row['per_client_eval_s']:.3f}s ({row['speedup']:.1f}x)"
-                     if "speedup" in row else "")
+            extra = f", per-client {row['per_client_eval_s']:.3f}s ({row['speedup']:.1f}x)" if "speedup" in row else ""
             row["executor"] = args.executor
             print(f"{algo:>7} {clients:>5} clients ({args.executor}): evaluate {now:.3f}s{extra}", flush=True)
     print(json.dumps(rows))

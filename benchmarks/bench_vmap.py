@@ -7,6 +7,7 @@ Every client of a round trains (``--frac 1``, FedAvg, batch 10, 1 local epoch); 
 rounds after one warm-up) and steps/s = Σ client steps / time. Target: ≥ 1.5× for the cnn at 20
 clients on CPU; on a GPU ≥ 10× at 100 clients. Both executors use ``--threads`` (default 1).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,16 @@ def steps_per_second(config: RunConfig, repeats: int) -> tuple[float, int]:
     steps = sum(config.local_epochs * max(1, math.ceil(data.num_train[k] / config.batch_size)) for k in clients)
     times = []
     for round_index in range(repeats + 1):
-        jobs = [ClientJob(k, round_index, derive_seed(config.seed, "train", round_index, k),
-                          algorithm.broadcast(k), algorithm.store.get(k)) for k in clients]
+        jobs = [
+            ClientJob(
+                k,
+                round_index,
+                derive_seed(config.seed, "train", round_index, k),
+                algorithm.broadcast(k),
+                algorithm.store.get(k),
+            )
+            for k in clients
+        ]
         if data.device.type == "cuda":
             torch.cuda.synchronize()
         started = time.perf_counter()
@@ -58,15 +67,38 @@ def main() -> None:
     rows = []
     for model in args.models.split(","):
         for clients in (int(c) for c in args.clients.split(",")):
-            base = RunConfig(algo="fedavg", dataset=args.dataset, dataset_option=tuple(args.dataset_option),
-                             model=model, num_clients=clients, alpha=0.5, batch_size=args.batch_size,
-                             lr=0.01, device=args.device, threads=args.threads, out=args.out, min_size=2)
+            base = RunConfig(
+                algo="fedavg",
+                dataset=args.dataset,
+                dataset_option=tuple(args.dataset_option),
+                model=model,
+                num_clients=clients,
+                alpha=0.5,
+                batch_size=args.batch_size,
+                lr=0.01,
+                device=args.device,
+                threads=args.threads,
+                out=args.out,
+                min_size=2,
+            )
             seq, steps = steps_per_second(base, args.repeats)
             vec, _ = steps_per_second(dataclasses.replace(base, executor="vmap"), args.repeats)
-            rows.append({"model": model, "clients": clients, "steps": steps, "sequential_steps_s": seq,
-                         "vmap_steps_s": vec, "speedup": vec / seq, "device": args.device})
-            print(f"{model:>4} {clients:>4} clients on {args.device}: sequential {seq:8.1f} steps/s, "
-                  f"vmap {vec:8.1f} steps/s: {vec / seq:.2f}x", flush=True)
+            rows.append(
+                {
+                    "model": model,
+                    "clients": clients,
+                    "steps": steps,
+                    "sequential_steps_s": seq,
+                    "vmap_steps_s": vec,
+                    "speedup": vec / seq,
+                    "device": args.device,
+                }
+            )
+            print(
+                f"{model:>4} {clients:>4} clients on {args.device}: sequential {seq:8.1f} steps/s, "
+                f"vmap {vec:8.1f} steps/s: {vec / seq:.2f}x",
+                flush=True,
+            )
     print(json.dumps(rows))
 
 

@@ -4,6 +4,7 @@
 
 Prints one line per run (identical / which keys differ) and exits 1 if any differ.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,10 @@ TIMING = {"round_time_s", "eval_time_s", "peak_mem_mb", "server_svd_time_s", "wa
 
 def load(folder: Path) -> tuple[list[dict], str]:
     (run,) = [p for p in folder.glob("runs/*") if (p / "rounds.jsonl").is_file()]
-    records = [{k: v for k, v in json.loads(line).items() if k not in TIMING}
-               for line in (run / "rounds.jsonl").read_text().splitlines()]
+    records = [
+        {k: v for k, v in json.loads(line).items() if k not in TIMING}
+        for line in (run / "rounds.jsonl").read_text().splitlines()
+    ]
     return records, (run / "clients.csv").read_text()
 
 

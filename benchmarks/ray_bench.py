@@ -15,6 +15,7 @@
 
 Results print as a table and go to ``--out`` as JSON. Timings mean nothing on a busy machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,10 +35,24 @@ PFLBENCH = [str(Path(sys.executable).parent / "pflbench")]
 
 def sweep_args(tiny: bool) -> list[str]:
     """8 runs (2 algorithms × 4 seeds); each a few seconds on one core (tiny: well under one)."""
-    size = ["--num-clients", "6", "--rounds", "2", "--model", "mlp"] if tiny else \
-        ["--num-clients", "20", "--rounds", "15", "--model", "cnn"]
-    return ["sweep", "--algos", "fedavg,fedprox", "--seeds", "0,1,2,3", "--alphas", "0.5",
-            "--datasets", "digits", "--quiet", *size]
+    size = (
+        ["--num-clients", "6", "--rounds", "2", "--model", "mlp"]
+        if tiny
+        else ["--num-clients", "20", "--rounds", "15", "--model", "cnn"]
+    )
+    return [
+        "sweep",
+        "--algos",
+        "fedavg,fedprox",
+        "--seeds",
+        "0,1,2,3",
+        "--alphas",
+        "0.5",
+        "--datasets",
+        "digits",
+        "--quiet",
+        *size,
+    ]
 
 
 def timed(command: list[str]) -> float:
@@ -54,20 +69,38 @@ def bench_sweep(tiny: bool) -> dict[str, Any]:
         runs = 8
         local = timed([*PFLBENCH, *args, "--out", f"{folder}/local"])
         on_ray = timed([*PFLBENCH, *args, "--ray", "--cpus-per-run", "1", "--out", f"{folder}/ray"])
-    return {"runs": runs, "cores": os.cpu_count(), "sequential_s": local, "ray_s": on_ray,
-            "sequential_runs_per_s": runs / local, "ray_runs_per_s": runs / on_ray,
-            "throughput_ratio": local / on_ray}
+    return {
+        "runs": runs,
+        "cores": os.cpu_count(),
+        "sequential_s": local,
+        "ray_s": on_ray,
+        "sequential_runs_per_s": runs / local,
+        "ray_runs_per_s": runs / on_ray,
+        "throughput_ratio": local / on_ray,
+    }
 
 
 def round_times(executor: str, clients: int, epochs: int, rounds: int, tiny: bool) -> list[float]:
     from pflbench.config import RunConfig
     from pflbench.runner import execute, prepare
 
-    dataset = dict(dataset="synthetic", dataset_option=(f"num_samples={max(2000, 30 * clients)}", "shape=1x16x16"),
-                   model="mlp" if tiny else "cnn")
+    dataset = dict(
+        dataset="synthetic",
+        dataset_option=(f"num_samples={max(2000, 30 * clients)}", "shape=1x16x16"),
+        model="mlp" if tiny else "cnn",
+    )
     with tempfile.TemporaryDirectory() as folder:
-        config = RunConfig(algo="fedavg", num_clients=clients, rounds=rounds, local_epochs=epochs,
-                           eval_every=rounds, alpha=1.0, executor=executor, out=folder, **dataset)
+        config = RunConfig(
+            algo="fedavg",
+            num_clients=clients,
+            rounds=rounds,
+            local_epochs=epochs,
+            eval_every=rounds,
+            alpha=1.0,
+            executor=executor,
+            out=folder,
+            **dataset,
+        )
         records: list[dict[str, Any]] = []
         execute(prepare(config), on_round=records.append)
     return [r["round_time_s"] for r in records]
@@ -87,11 +120,17 @@ def bench_round(tiny: bool) -> dict[str, Any]:
 
 def bench_overhead(tiny: bool) -> list[dict[str, Any]]:
     rows = []
-    for clients in ((20, 50) if tiny else (20, 50, 100, 200)):
+    for clients in (20, 50) if tiny else (20, 50, 100, 200):
         seq, ray_ = (median_round(e, clients, 0, 5 if tiny else 8, tiny) for e in ("sequential", "ray"))
-        rows.append({"clients": clients, "sequential_round_ms": 1e3 * seq, "ray_round_ms": 1e3 * ray_,
-                     "ray_ms_per_job": 1e3 * ray_ / clients,
-                     "overhead_ms_per_job": 1e3 * (ray_ - seq) / clients})
+        rows.append(
+            {
+                "clients": clients,
+                "sequential_round_ms": 1e3 * seq,
+                "ray_round_ms": 1e3 * ray_,
+                "ray_ms_per_job": 1e3 * ray_ / clients,
+                "overhead_ms_per_job": 1e3 * (ray_ - seq) / clients,
+            }
+        )
     return rows
 
 
@@ -132,8 +171,10 @@ def main() -> None:
     if options.what in ("sweep", "all"):
         results["sweep"] = bench_sweep(options.tiny)
         s = results["sweep"]
-        print(f"sweep of {s['runs']} runs: sequential {s['sequential_s']:.1f}s, ray {s['ray_s']:.1f}s, "
-              f"throughput ×{s['throughput_ratio']:.2f}")
+        print(
+            f"sweep of {s['runs']} runs: sequential {s['sequential_s']:.1f}s, ray {s['ray_s']:.1f}s, "
+            f"throughput ×{s['throughput_ratio']:.2f}"
+        )
     if options.what in ("round", "overhead", "all"):
         from pflbench.ray_support import connect
 
@@ -142,17 +183,23 @@ def main() -> None:
     if options.what in ("round", "all"):
         results["round"] = bench_round(options.tiny)
         r = results["round"]
-        print(f"round, 20 clients: sequential {r['sequential_round_s'] * 1e3:.0f} ms, ray "
-              f"{r['ray_round_s'] * 1e3:.0f} ms, speed-up ×{r['speedup']:.2f}")
+        print(
+            f"round, 20 clients: sequential {r['sequential_round_s'] * 1e3:.0f} ms, ray "
+            f"{r['ray_round_s'] * 1e3:.0f} ms, speed-up ×{r['speedup']:.2f}"
+        )
     if options.what in ("overhead", "all"):
         results["noop"] = bench_noop(50 if options.tiny else 500)
-        print(f"empty actor call: {results['noop']['serial_ms_per_call']:.2f} ms one at a time, "
-              f"{results['noop']['pipelined_ms_per_call']:.2f} ms pipelined")
+        print(
+            f"empty actor call: {results['noop']['serial_ms_per_call']:.2f} ms one at a time, "
+            f"{results['noop']['pipelined_ms_per_call']:.2f} ms pipelined"
+        )
         results["overhead"] = bench_overhead(options.tiny)
         print("clients  seq ms/round  ray ms/round  ray ms/job  overhead ms/job  (local epochs 0)")
         for row in results["overhead"]:
-            print(f"{row['clients']:>7}  {row['sequential_round_ms']:>12.1f}  {row['ray_round_ms']:>12.1f}  "
-                  f"{row['ray_ms_per_job']:>10.2f}  {row['overhead_ms_per_job']:>15.2f}")
+            print(
+                f"{row['clients']:>7}  {row['sequential_round_ms']:>12.1f}  {row['ray_round_ms']:>12.1f}  "
+                f"{row['ray_ms_per_job']:>10.2f}  {row['overhead_ms_per_job']:>15.2f}"
+            )
     if options.out:
         Path(options.out).write_text(json.dumps(results, indent=2) + "\n")
 

@@ -4,6 +4,7 @@ Run:  .venv/bin/pytest benchmarks/ --benchmark-enable -p no:randomly
 Both sides train the same model on the same clients' data (same number of steps, same batch
 size) for ROUNDS rounds with FedAvg averaging and one final evaluation.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,18 @@ from pflbench.config import RunConfig
 from pflbench.runner import prepare
 
 ROUNDS = 3
-SETTINGS = dict(algo="fedavg", dataset="digits", model="cnn", num_clients=20, rounds=ROUNDS,
-                eval_every=ROUNDS, batch_size=32, lr=0.01, alpha=0.5, out="unused")
+SETTINGS = dict(
+    algo="fedavg",
+    dataset="digits",
+    model="cnn",
+    num_clients=20,
+    rounds=ROUNDS,
+    eval_every=ROUNDS,
+    batch_size=32,
+    lr=0.01,
+    alpha=0.5,
+    out="unused",
+)
 
 
 def engine_rounds() -> None:
@@ -37,7 +48,7 @@ def plain_rounds() -> None:
             indices = data.train_indices[client]
             order = indices[torch.randperm(len(indices), generator=generator)]
             for start in range(0, len(order), 32):
-                inputs, targets = data.gather(order[start:start + 32])
+                inputs, targets = data.gather(order[start : start + 32])
                 loss = F.cross_entropy(model(inputs), targets)
                 optimizer.zero_grad()
                 loss.backward()

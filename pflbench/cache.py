@@ -11,6 +11,7 @@ stderr naming the file, deleted, and ``load_entry`` returns None so the caller r
 Writes are atomic: a temporary file in the same folder, fsync, ``os.replace``; a killed writer
 leaves at most a ``*.tmp`` file that is never read as an entry.
 """
+
 from __future__ import annotations
 
 import glob
@@ -120,16 +121,18 @@ def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
             warnings.simplefilter("ignore")
             saved = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        raise ValueError("not plain tensor data (holds other objects: refused, nothing of it "
-                         "was run)") from error
+        raise ValueError("not plain tensor data (holds other objects: refused, nothing of it was run)") from error
     except Exception as error:  # truncated zip, unreadable file: all "unreadable"
         first_line = (str(error).strip().splitlines() or [""])[0][:160]
         raise ValueError(f"unreadable ({type(error).__name__}: {first_line})") from error
     if not isinstance(saved, dict) or set(saved) != {"state_dict", "meta"}:
         raise ValueError("not a pflbench cache entry")
     tensors, meta = saved["state_dict"], saved["meta"]
-    if (not isinstance(tensors, dict) or not isinstance(meta, dict)
-            or not all(isinstance(t, torch.Tensor) for t in tensors.values())):
+    if (
+        not isinstance(tensors, dict)
+        or not isinstance(meta, dict)
+        or not all(isinstance(t, torch.Tensor) for t in tensors.values())
+    ):
         raise ValueError("not a pflbench cache entry")
     if HASH_KEY not in meta:
         raise ValueError("from an older pflbench (no content hash)")
@@ -138,8 +141,9 @@ def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     return tensors, meta
 
 
-def load_entry(path: Path, expect: dict[str, Any] | None = None
-               ) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+def load_entry(
+    path: Path, expect: dict[str, Any] | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
     """The verified entry at ``path``, or None if there is none (or it was bad: warned, deleted).
 
     ``expect``: metadata items the entry must carry (e.g. its full cache key), so a file that is

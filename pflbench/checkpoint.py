@@ -15,6 +15,7 @@ JSON metadata with a content hash, loaded with ``weights_only=True``, written at
 It is written every ``--checkpoint-every`` rounds (default 10, 0 = never), never after the last
 round (the finished run replaces it), and removed when the run is complete.
 """
+
 from __future__ import annotations
 
 import time
@@ -31,17 +32,27 @@ KIND = "pflbench-checkpoint-v1"
 DEFAULT_EVERY = 10
 
 
-def save_checkpoint(path: Path, federation: Federation, identity_hash: str, records: int,
-                    before: dict[str, Any]) -> None:
+def save_checkpoint(
+    path: Path, federation: Federation, identity_hash: str, records: int, before: dict[str, Any]
+) -> None:
     tensors, algorithm_meta = federation.algorithm.checkpoint_state()
-    meta = {"kind": KIND, "identity_hash": identity_hash, "next_round": federation.next_round,
-            "records": records, "before": before, "algorithm": algorithm_meta,
-            "sampling_rng": federation.sampling_rng.bit_generator.state,
-            "bytes_up_total": federation.bytes_up_total, "bytes_down_total": federation.bytes_down_total,
-            "client_accuracy": [float(a) for a in federation.client_accuracy]}
+    meta = {
+        "kind": KIND,
+        "identity_hash": identity_hash,
+        "next_round": federation.next_round,
+        "records": records,
+        "before": before,
+        "algorithm": algorithm_meta,
+        "sampling_rng": federation.sampling_rng.bit_generator.state,
+        "bytes_up_total": federation.bytes_up_total,
+        "bytes_down_total": federation.bytes_down_total,
+        "client_accuracy": [float(a) for a in federation.client_accuracy],
+    }
     if not json_safe(meta):
-        raise ValueError(f"{type(federation.algorithm).__name__}.checkpoint_state() returned metadata "
-                         "that is not JSON-able; keep tensors in the tensor dict")
+        raise ValueError(
+            f"{type(federation.algorithm).__name__}.checkpoint_state() returned metadata "
+            "that is not JSON-able; keep tensors in the tensor dict"
+        )
     save_entry(path, tensors, meta)
 
 
@@ -62,8 +73,16 @@ def restore_checkpoint(federation: Federation, tensors: dict[str, Any], meta: di
 class CheckpointObserver(Observer):
     """Saves a checkpoint after every ``every``-th round (not the last); times each save."""
 
-    def __init__(self, path: Path, federation: Federation, identity_hash: str, every: int,
-                 writer: Any, before: dict[str, Any], claim: Any = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        federation: Federation,
+        identity_hash: str,
+        every: int,
+        writer: Any,
+        before: dict[str, Any],
+        claim: Any = None,
+    ) -> None:
         self.path, self.federation, self.identity_hash = path, federation, identity_hash
         self.every, self.writer, self.before, self.claim = every, writer, before, claim
         self.times: list[float] = []

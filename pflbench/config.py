@@ -9,6 +9,7 @@ library calls. ``run_identity`` hashes exactly the settings a resolved run reads
 Each field carries its help text in ``metadata``; the CLI's options and the saved
 ``config.json`` are generated from the dataclasses (this one and each algorithm's own).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,8 +20,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from .defaults import (AUTO_FIELDS, BASE_DEFAULTS, LORA_DEFAULT_RANK, LORA_RUN_DEFAULTS,  # noqa: F401
-                       family_defaults)
+from .defaults import AUTO_FIELDS, BASE_DEFAULTS, LORA_DEFAULT_RANK, LORA_RUN_DEFAULTS, family_defaults  # noqa: F401
 from .errors import ConfigError
 
 
@@ -38,81 +38,115 @@ class RunConfig:
     algo: str = option("fedavg", "Algorithm (see `pflbench list algorithms`).")
     dataset: str = option("digits", "Dataset (see `pflbench list datasets`).")
     dataset_option: tuple[str, ...] = option(
-        (), "Dataset option KEY=VALUE, repeatable (e.g. num_samples=2000 for synthetic).")
+        (), "Dataset option KEY=VALUE, repeatable (e.g. num_samples=2000 for synthetic)."
+    )
     data_dir: str | None = option(None, "Local copy of a hub dataset, or a path for local data.")
     partition: str = option("dirichlet", "Partitioner (see `pflbench list partitioners`).")
     alpha: float = option(0.5, "Dirichlet concentration: 0.1 strong skew, 1 mild, 100 ≈ IID.")
     shards_per_client: int = option(2, "Shards per client for --partition shards.")
     min_size: int = option(10, "Minimum samples per client (dirichlet redraws until met).")
     dirichlet_cut: str = option(
-        "unbiased", "How dirichlet turns class proportions into counts: unbiased = largest-remainder "
+        "unbiased",
+        "How dirichlet turns class proportions into counts: unbiased = largest-remainder "
         "rounding, no client favoured; floor = PFLlib's cumsum cut (the last client gets every "
         "class's rounding leftovers); flower = the floor cut with flwr-datasets' self-balancing "
-        "rule.", choices=("unbiased", "floor", "flower"))
+        "rule.",
+        choices=("unbiased", "floor", "flower"),
+    )
     partition_file: str | None = option(
-        None, "Use exactly this partition (a `pflbench partition --export` JSON or a run's "
+        None,
+        "Use exactly this partition (a `pflbench partition --export` JSON or a run's "
         "partition.json); it sets --num-clients. flwr:<Partitioner>[:key=value,...] runs a "
-        "flwr-datasets partitioner instead (pip install 'pflbench[flwr]').")
+        "flwr-datasets partitioner instead (pip install 'pflbench[flwr]').",
+    )
     test_frac: float = option(0.25, "Fraction of each client's samples held out for its test split.")
     num_clients: int = option(20, "Number of clients K.")
     frac: float = option(1.0, "Fraction of clients sampled per round, M = max(1, round(K·frac)).")
     rounds: int = option(50, "Communication rounds.")
     local_epochs: int = option(1, "Local epochs per round.")
     batch_size: int = option(32, "Local minibatch size.")
-    lr: float | None = option(None, "Local learning rate [default: 0.1 for the zoo's mlp/cnn/lenet/"
-                              "cnn_bn, else 0.01; LoRA runs 1e-3].")
-    optimizer: str | None = option(None, "Local optimizer [default: sgd; LoRA runs adam].",
-                                   choices=("sgd", "adam"))
+    lr: float | None = option(
+        None, "Local learning rate [default: 0.1 for the zoo's mlp/cnn/lenet/cnn_bn, else 0.01; LoRA runs 1e-3]."
+    )
+    optimizer: str | None = option(None, "Local optimizer [default: sgd; LoRA runs adam].", choices=("sgd", "adam"))
     momentum: float = option(0.0, "SGD momentum (optimizer state is fresh each round).")
     weight_decay: float = option(0.0, "Weight decay of the local optimizer.")
-    max_grad_norm: float | None = option(None, "Clip each local step's gradient to this norm; 0 = "
-                                         "no clipping [default: 0; fedsdg 1.0].")
-    model: str | None = option(None, "Model: a zoo name (`pflbench list models`) or a timm model "
-                               "name [default: cnn; LoRA runs a 6-block ViT, see lora.RUN_DEFAULTS].")
+    max_grad_norm: float | None = option(
+        None, "Clip each local step's gradient to this norm; 0 = no clipping [default: 0; fedsdg 1.0]."
+    )
+    model: str | None = option(
+        None,
+        "Model: a zoo name (`pflbench list models`) or a timm model "
+        "name [default: cnn; LoRA runs a 6-block ViT, see lora.RUN_DEFAULTS].",
+    )
     head_layers: int = option(1, "Layers (from the output) that form the private head.")
     model_option: tuple[str, ...] = option(
-        (), "Model option KEY=VALUE, repeatable (ViTs: depth=6, embed_dim=192, num_heads=3, patch_size=2).")
+        (), "Model option KEY=VALUE, repeatable (ViTs: depth=6, embed_dim=192, num_heads=3, patch_size=2)."
+    )
     pretrained: bool = option(False, "Start from timm's hub weights (network or a filled HF cache).")
     weights: str | None = option(None, "Start from a local state dict file (a head of another shape is skipped).")
-    public_frac: float | None = option(None, "Fraction of the pooled data held out as public, given "
-                                       "to no client (pretrains the backbone; keep it equal across "
-                                       "compared runs) [default: 0; LoRA runs 0.2].")
+    public_frac: float | None = option(
+        None,
+        "Fraction of the pooled data held out as public, given "
+        "to no client (pretrains the backbone; keep it equal across "
+        "compared runs) [default: 0; LoRA runs 0.2].",
+    )
     backbone: str = option(
-        "auto", "Initial weights: auto = --weights/--pretrained if given, else LoRA runs pretrain on the "
+        "auto",
+        "Initial weights: auto = --weights/--pretrained if given, else LoRA runs pretrain on the "
         "public fraction and other runs start at random; public = pretrain on the public fraction "
-        "(cached); random = random init.", choices=("auto", "public", "random"))
+        "(cached); random = random init.",
+        choices=("auto", "public", "random"),
+    )
     pretrain_epochs: int = option(60, "Epochs of central pretraining on the public fraction.")
     pretrain_lr: float = option(1e-3, "AdamW learning rate of the public pretraining.")
-    lora_rank: int | None = option(None, "LoRA rank r: freeze the backbone and train LoRA on "
-                                   "--lora-targets plus the head (any algorithm).")
+    lora_rank: int | None = option(
+        None, "LoRA rank r: freeze the backbone and train LoRA on --lora-targets plus the head (any algorithm)."
+    )
     lora_alpha: float = option(16.0, "LoRA α; the low-rank update is scaled by α/r.")
-    lora_targets: str = option("attn.proj,mlp.fc2", "Comma-separated name suffixes of the linear "
-                               "layers LoRA adapts (e.g. qkv,proj,fc1,fc2).")
+    lora_targets: str = option(
+        "attn.proj,mlp.fc2", "Comma-separated name suffixes of the linear layers LoRA adapts (e.g. qkv,proj,fc1,fc2)."
+    )
     seed: int = option(0, "Seed of the partition, client sampling, init and local training.")
-    eval_every: int | None = option(None, "Evaluate every N rounds [default: 1 up to 100 rounds, "
-                                    "else rounds/100]; the last round is always evaluated.")
+    eval_every: int | None = option(
+        None,
+        "Evaluate every N rounds [default: 1 up to 100 rounds, else rounds/100]; the last round is always evaluated.",
+    )
     finetune_epochs: int = option(
-        0, "Evaluation protocol (FedAvg-FT): after the last round, fine-tune the global model for E "
+        0,
+        "Evaluation protocol (FedAvg-FT): after the last round, fine-tune the global model for E "
         "epochs on each client's train split (the local optimizer settings) and report it as "
-        "pers_acc_ft; 0 = off. Only for algorithms with a global model.")
+        "pers_acc_ft; 0 = off. Only for algorithms with a global model.",
+    )
     device: str = option("cpu", "Torch device: cpu, cuda, cuda:1, ...")
-    executor: str = option("sequential", "How clients train: sequential (one after another); vmap "
-                           "(together, vectorized with torch.func; same numbers to floating-point "
-                           "tolerance); ray (on Ray actors in parallel, same numbers).",
-                           choices=("sequential", "vmap", "ray"))
+    executor: str = option(
+        "sequential",
+        "How clients train: sequential (one after another); vmap "
+        "(together, vectorized with torch.func; same numbers to floating-point "
+        "tolerance); ray (on Ray actors in parallel, same numbers).",
+        choices=("sequential", "vmap", "ray"),
+    )
     ray_address: str | None = option(None, "Ray cluster to join (auto or HOST:PORT); unset: a local Ray instance.")
     ray_workers: int | None = option(None, "Ray actors training clients [default: cluster CPUs, ≤ clients/round].")
-    threads: int = option(1, "CPU threads of torch's operations; 0 = every usable core. 1 suits the "
-                          "small models of FL benchmarks and never collapses on a busy or shared machine "
-                          "(many threads spin-wait on each other there). Not part of the run identity.")
+    threads: int = option(
+        1,
+        "CPU threads of torch's operations; 0 = every usable core. 1 suits the "
+        "small models of FL benchmarks and never collapses on a busy or shared machine "
+        "(many threads spin-wait on each other there). Not part of the run identity.",
+    )
     out: str = option("results", "Output folder; the run goes to OUT/runs/<name>/.")
     checkpoint_every: int = option(10, "Checkpoint every N rounds (run --resume; sweeps resume); 0 = never.")
-    save_model: bool = option(False, "After the last round, write the global model and each client's "
-                              "private state to RUN_DIR/models/ (safetensors; LoRA runs also a peft adapter).")
-    log: tuple[str, ...] = option((), "Experiment tracker(s): tensorboard, mlflow (comma-separated or "
-                                  "repeatable; pip install 'pflbench[tensorboard]' / '[mlflow]').")
-    mlflow_uri: str | None = option(None, "MLflow tracking URI for --log mlflow [default: "
-                                    "sqlite:///OUT/mlflow.db].")
+    save_model: bool = option(
+        False,
+        "After the last round, write the global model and each client's "
+        "private state to RUN_DIR/models/ (safetensors; LoRA runs also a peft adapter).",
+    )
+    log: tuple[str, ...] = option(
+        (),
+        "Experiment tracker(s): tensorboard, mlflow (comma-separated or "
+        "repeatable; pip install 'pflbench[tensorboard]' / '[mlflow]').",
+    )
+    mlflow_uri: str | None = option(None, "MLflow tracking URI for --log mlflow [default: sqlite:///OUT/mlflow.db].")
 
     @property
     def sampled_per_round(self) -> int:
@@ -140,10 +174,19 @@ class RunConfig:
 
     @property
     def partition_spec(self) -> PartitionSpec:
-        return PartitionSpec(self.dataset, self.partition, self.num_clients, self.alpha,
-                             self.shards_per_client, self.min_size, self.test_frac,
-                             _resolved(self.public_frac, "public_frac"), self.seed, self.dirichlet_cut,
-                             self.partition_file)
+        return PartitionSpec(
+            self.dataset,
+            self.partition,
+            self.num_clients,
+            self.alpha,
+            self.shards_per_client,
+            self.min_size,
+            self.test_frac,
+            _resolved(self.public_frac, "public_frac"),
+            self.seed,
+            self.dirichlet_cut,
+            self.partition_file,
+        )
 
     @property
     def model_spec(self) -> ModelSpec:
@@ -151,8 +194,7 @@ class RunConfig:
 
     @property
     def init_spec(self) -> InitSpec:
-        return InitSpec(self.pretrained, self.weights, self.backbone, self.pretrain_epochs,
-                        self.pretrain_lr)
+        return InitSpec(self.pretrained, self.weights, self.backbone, self.pretrain_epochs, self.pretrain_lr)
 
     @property
     def lora_spec(self) -> LoRASpec:
@@ -164,9 +206,15 @@ class RunConfig:
 
     @property
     def local_spec(self) -> LocalSpec:
-        return LocalSpec(self.local_epochs, self.batch_size, _resolved(self.lr, "lr"),
-                         _resolved(self.optimizer, "optimizer"), self.momentum, self.weight_decay,
-                         _resolved(self.max_grad_norm, "max_grad_norm"))
+        return LocalSpec(
+            self.local_epochs,
+            self.batch_size,
+            _resolved(self.lr, "lr"),
+            _resolved(self.optimizer, "optimizer"),
+            self.momentum,
+            self.weight_decay,
+            _resolved(self.max_grad_norm, "max_grad_norm"),
+        )
 
     @property
     def runtime_spec(self) -> RuntimeSpec:
@@ -210,8 +258,12 @@ class PartitionSpec:
 
     def identity(self) -> dict[str, Any]:
         """The settings the partitioner reads (alpha only for Dirichlet ones, shards for shards)."""
-        read: dict[str, Any] = {"partition": self.partition, "num_clients": self.num_clients,
-                                "test_frac": self.test_frac, "public_frac": self.public_frac}
+        read: dict[str, Any] = {
+            "partition": self.partition,
+            "num_clients": self.num_clients,
+            "test_frac": self.test_frac,
+            "public_frac": self.public_frac,
+        }
         if self.partition_file is not None:
             return {**read, "partition_file": self.partition_file}
         if self.partition.startswith("dirichlet"):
@@ -271,9 +323,14 @@ class LocalSpec:
     max_grad_norm: float
 
     def identity(self) -> dict[str, Any]:
-        read = {"local_epochs": self.epochs, "batch_size": self.batch_size, "lr": self.lr,
-                "optimizer": self.optimizer, "weight_decay": self.weight_decay,
-                "max_grad_norm": self.max_grad_norm}
+        read = {
+            "local_epochs": self.epochs,
+            "batch_size": self.batch_size,
+            "lr": self.lr,
+            "optimizer": self.optimizer,
+            "weight_decay": self.weight_decay,
+            "max_grad_norm": self.max_grad_norm,
+        }
         if self.optimizer == "sgd":
             read["momentum"] = self.momentum
         return read
@@ -288,8 +345,9 @@ class RuntimeSpec:
     threads: int
 
 
-def resolve(config: RunConfig, algorithm: Any, hparams: Any,
-            shared_defaults: dict[str, Any] | None = None) -> tuple[RunConfig, dict[str, Any]]:
+def resolve(
+    config: RunConfig, algorithm: Any, hparams: Any, shared_defaults: dict[str, Any] | None = None
+) -> tuple[RunConfig, dict[str, Any]]:
     """Fill the unset (None) settings: the algorithm's ``run_defaults`` first, then
     ``shared_defaults`` (a sweep gives every run of a LoRA grid the same model and data), then
     the defaults of the model's family (``defaults.DEFAULTS_BY_FAMILY``), then ``BASE_DEFAULTS``. Returns the resolved config and the values filled in. The same function
@@ -309,13 +367,20 @@ def run_identity(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dic
     lora_rank = algorithm.lora_rank(config, hyperparameters)
     init = config.init_spec
     identity: dict[str, Any] = {
-        "algo": config.algo, "dataset": config.dataset, "dataset_options": config.dataset_options(),
-        **config.partition_spec.identity(), "seed": config.seed,
-        "model": config.model, "model_options": config.model_options(),
-        "rounds": config.rounds, "frac": config.frac, "eval_every": config.resolved_eval_every,
+        "algo": config.algo,
+        "dataset": config.dataset,
+        "dataset_options": config.dataset_options(),
+        **config.partition_spec.identity(),
+        "seed": config.seed,
+        "model": config.model,
+        "model_options": config.model_options(),
+        "rounds": config.rounds,
+        "frac": config.frac,
+        "eval_every": config.resolved_eval_every,
         **config.local_spec.identity(),
         "device": config.device.split(":")[0],
-        "algo_hparams": dataclasses.asdict(hyperparameters)}
+        "algo_hparams": dataclasses.asdict(hyperparameters),
+    }
     if getattr(algorithm, "uses_head_layers", False) or lora_rank is not None:
         identity["head_layers"] = config.head_layers
     if config.executor not in ("sequential", "ray"):  # ray gives sequential's numbers: the same run
@@ -325,11 +390,9 @@ def run_identity(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dic
     if config.pretrained or config.weights:
         identity.update(pretrained=config.pretrained, weights=config.weights)
     if init.pretrains(lora_rank is not None):
-        identity.update(backbone="public", pretrain_epochs=config.pretrain_epochs,
-                        pretrain_lr=config.pretrain_lr)
+        identity.update(backbone="public", pretrain_epochs=config.pretrain_epochs, pretrain_lr=config.pretrain_lr)
     if lora_rank is not None:
-        identity.update(lora_rank=lora_rank, lora_alpha=config.lora_alpha,
-                        lora_targets=config.lora_targets)
+        identity.update(lora_rank=lora_rank, lora_alpha=config.lora_alpha, lora_targets=config.lora_targets)
     return identity
 
 
@@ -368,7 +431,11 @@ def validate(config: RunConfig) -> None:
     unset = [name for name in AUTO_FIELDS if getattr(config, name) is None]
     if unset:
         raise RuntimeError(f"validate() needs a resolved config; unset: {', '.join(unset)} (config.resolve)")
-    lr, max_grad_norm, public_frac = float(config.lr or 0), float(config.max_grad_norm or 0), float(config.public_frac or 0)
+    lr, max_grad_norm, public_frac = (
+        float(config.lr or 0),
+        float(config.max_grad_norm or 0),
+        float(config.public_frac or 0),
+    )
     checks = [
         (math.isfinite(config.alpha) and config.alpha > 0, f"--alpha must be a finite number > 0, got {config.alpha}"),
         (config.num_clients >= 1, f"--num-clients must be ≥ 1, got {config.num_clients}"),
@@ -382,8 +449,10 @@ def validate(config: RunConfig) -> None:
         (config.eval_every is None or config.eval_every >= 1, f"--eval-every must be ≥ 1, got {config.eval_every}"),
         (config.finetune_epochs >= 0, f"--finetune-epochs must be ≥ 0 (0 = off), got {config.finetune_epochs}"),
         (config.head_layers >= 1, f"--head-layers must be ≥ 1, got {config.head_layers}"),
-        (math.isfinite(max_grad_norm) and max_grad_norm >= 0,
-         f"--max-grad-norm must be ≥ 0 (0 = no clipping), got {config.max_grad_norm}"),
+        (
+            math.isfinite(max_grad_norm) and max_grad_norm >= 0,
+            f"--max-grad-norm must be ≥ 0 (0 = no clipping), got {config.max_grad_norm}",
+        ),
         (config.seed >= 0, f"--seed must be ≥ 0, got {config.seed}"),
         (config.checkpoint_every >= 0, f"--checkpoint-every must be ≥ 0 (0 = never), got {config.checkpoint_every}"),
         (config.threads >= 0, f"--threads must be ≥ 0 (0 = every usable core), got {config.threads}"),
@@ -393,10 +462,14 @@ def validate(config: RunConfig) -> None:
         (config.lora_alpha > 0, f"--lora-alpha must be > 0, got {config.lora_alpha}"),
         (config.pretrain_epochs >= 1 and config.pretrain_lr > 0, "--pretrain-epochs must be ≥ 1 and --pretrain-lr > 0"),
         (not (config.pretrained and config.weights), "give either --pretrained or --weights, not both"),
-        (config.backbone == "auto" or not (config.pretrained or config.weights),
-         f"--backbone {config.backbone} contradicts --pretrained/--weights; use --backbone auto with them"),
-        (config.backbone != "public" or public_frac > 0,
-         "--backbone public pretrains on the public fraction; give --public-frac (e.g. 0.2)"),
+        (
+            config.backbone == "auto" or not (config.pretrained or config.weights),
+            f"--backbone {config.backbone} contradicts --pretrained/--weights; use --backbone auto with them",
+        ),
+        (
+            config.backbone != "public" or public_frac > 0,
+            "--backbone public pretrains on the public fraction; give --public-frac (e.g. 0.2)",
+        ),
     ]
     for ok, message in checks:
         if not ok:

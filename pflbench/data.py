@@ -4,15 +4,17 @@ A dataset plugin is a function registered with ``@register_dataset(name)`` that 
 ``TensorDataset`` (the dataset's own train and test splits already pooled, SPEC §2).
 ``load_dataset`` caches its tensors after the first conversion, so later runs read one file.
 """
+
 from __future__ import annotations
 
 import hashlib
 import inspect
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -68,12 +70,16 @@ def dataset_cache_key(name: str, options: dict[str, Any], loader: Any) -> dict[s
     return json.loads(json.dumps(key, sort_keys=True, default=str))
 
 
-def _to_entry(dataset: TensorDataset, key: dict[str, Any]
-              ) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+def _to_entry(dataset: TensorDataset, key: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
     """Tensors + JSON metadata for the cache, or None if the dataset cannot round-trip exactly."""
     tensors = {"inputs": dataset.inputs, "labels": dataset.labels}
-    meta: dict[str, Any] = {"key": key, "num_classes": dataset.num_classes,
-                            "source": dataset.source, "info": dataset.info, "groups": None}
+    meta: dict[str, Any] = {
+        "key": key,
+        "num_classes": dataset.num_classes,
+        "source": dataset.source,
+        "info": dataset.info,
+        "groups": None,
+    }
     if dataset.groups is not None:
         groups = np.asarray(dataset.groups)
         try:
@@ -92,13 +98,17 @@ def _from_entry(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Tenso
     if meta["groups"] is not None:
         values = np.asarray(meta["groups"]["values"]).astype(meta["groups"]["dtype"])
         groups = values[tensors["group_codes"].numpy()]
-    return TensorDataset(inputs=tensors["inputs"], labels=tensors["labels"],
-                         num_classes=meta["num_classes"], source=meta["source"], groups=groups,
-                         info=meta["info"])
+    return TensorDataset(
+        inputs=tensors["inputs"],
+        labels=tensors["labels"],
+        num_classes=meta["num_classes"],
+        source=meta["source"],
+        groups=groups,
+        info=meta["info"],
+    )
 
 
-def load_dataset(name: str, options: dict[str, Any] | None = None,
-                 use_cache: bool = True) -> TensorDataset:
+def load_dataset(name: str, options: dict[str, Any] | None = None, use_cache: bool = True) -> TensorDataset:
     """Load dataset ``name`` with ``options`` (passed to its loader), through the disk cache.
 
     The cache holds tensors and JSON metadata only (``pflbench.cache``): verified by content
@@ -145,15 +155,19 @@ def _call_loader(name: str, loader: Any, options: dict[str, Any]) -> TensorDatas
     except (TypeError, ValueError, AssertionError, ZeroDivisionError, OverflowError, IndexError) as error:
         given = " ".join(f"{k}={v}" for k, v in options.items()) or "none"
         reason = " ".join(str(error).split())[:200] or type(error).__name__
-        raise ConfigError(f"--dataset-option for dataset {name!r} (given: {given}) is not valid: "
-                          f"{reason}") from error
+        raise ConfigError(f"--dataset-option for dataset {name!r} (given: {given}) is not valid: {reason}") from error
 
 
 class FederatedData:
     """The pooled tensors on the device plus each client's train/test index tensors."""
 
-    def __init__(self, dataset: TensorDataset, train_splits: list[np.ndarray],
-                 test_splits: list[np.ndarray], device: torch.device) -> None:
+    def __init__(
+        self,
+        dataset: TensorDataset,
+        train_splits: list[np.ndarray],
+        test_splits: list[np.ndarray],
+        device: torch.device,
+    ) -> None:
         self.device = device
         self.num_classes = dataset.num_classes
         self.input_shape = dataset.input_shape
@@ -179,15 +193,15 @@ class FederatedData:
             inputs = inputs.float().div_(255)
         return (inputs - self.mean) / self.std, self.labels[indices]
 
-    def train_batches(self, client_id: int, batch_size: int,
-                      generator: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def train_batches(
+        self, client_id: int, batch_size: int, generator: torch.Generator
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """One epoch of shuffled minibatches of the client's train split (last one may be short):
         ``gather`` of each of ``train_batch_indices``."""
         for batch in self.train_batch_indices(client_id, batch_size, generator):
             yield self.gather(batch)
 
-    def train_batch_indices(self, client_id: int, batch_size: int,
-                            generator: torch.Generator) -> list[torch.Tensor]:
+    def train_batch_indices(self, client_id: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
         """One epoch's minibatches as index tensors (one ``randperm`` of ``generator``).
 
         No batch holds a single sample when ``batch_size`` > 1, so BatchNorm layers (which

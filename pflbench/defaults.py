@@ -6,13 +6,19 @@ model's family (``DEFAULTS_BY_FAMILY``), then ``BASE_DEFAULTS``. ``config.json``
 value filled this way under ``resolved.run_defaults`` (and the family under
 ``resolved.defaults_family``). No torch import here: the CLI shows these without loading it.
 """
+
 from __future__ import annotations
 
 from typing import Any
 
 # Settings left unset (None) that nothing else gave a value: the plain defaults.
-BASE_DEFAULTS: dict[str, Any] = {"model": "cnn", "public_frac": 0.0, "optimizer": "sgd",
-                                 "lr": 0.01, "max_grad_norm": 0.0}
+BASE_DEFAULTS: dict[str, Any] = {
+    "model": "cnn",
+    "public_frac": 0.0,
+    "optimizer": "sgd",
+    "lr": 0.01,
+    "max_grad_norm": 0.0,
+}
 AUTO_FIELDS = tuple(BASE_DEFAULTS)
 
 # Defaults of a LoRA run for the settings left unset (re-exported as ``lora.RUN_DEFAULTS``): LoRA
@@ -34,8 +40,7 @@ LORA_DEFAULT_RANK = 8  # LoRA algorithms' rank (FedSDG, FlexLoRA homo) when --lo
 # learn within the default 50 rounds for every built-in algorithm: the table is in the README,
 # "Defaults that learn". The same lr 0.1 is what the README's reference runs used. timm models
 # (pretrained or not, other scales) keep the base lr 0.01; LoRA runs keep LORA_RUN_DEFAULTS.
-MODEL_FAMILIES: dict[str, str] = {"mlp": "small", "cnn": "small", "lenet": "small",
-                                  "cnn_bn": "small"}
+MODEL_FAMILIES: dict[str, str] = {"mlp": "small", "cnn": "small", "lenet": "small", "cnn_bn": "small"}
 DEFAULTS_BY_FAMILY: dict[str, dict[str, Any]] = {
     "small": {"lr": 0.1},
 }
@@ -58,5 +63,4 @@ def family_defaults(model: str | None, algo: str | None = None) -> dict[str, Any
     family = model_family(model)
     if family is None:
         return {}
-    return {**DEFAULTS_BY_FAMILY.get(family, {}),
-            **DEFAULTS_BY_FAMILY_AND_ALGORITHM.get((family, algo or ""), {})}
+    return {**DEFAULTS_BY_FAMILY.get(family, {}), **DEFAULTS_BY_FAMILY_AND_ALGORITHM.get((family, algo or ""), {})}

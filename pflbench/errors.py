@@ -3,6 +3,7 @@
 The CLI turns it into a single ``Error: ...`` line and exit code 2; library users get a
 ``ValueError`` they can catch.
 """
+
 from __future__ import annotations
 
 

@@ -7,6 +7,7 @@ wider than ``\\linewidth`` down to it (narrower tables keep their size), ``trans
 algorithms in columns and the (dataset, α) panels in rows (and shrinks it too if it is still
 wider than the text), ``none`` leaves it as it is.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -15,32 +16,61 @@ import json
 import pandas as pd
 
 from .names import quantity
-from .tables import (Style, body_rows, columns_of, metric_title, multi_quantity, notes, rank_text, spans)
+from .tables import Style, body_rows, columns_of, metric_title, multi_quantity, notes, rank_text, spans
 
 FITS = ("resize", "transpose", "none")
-LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
-                 "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
-                 "^": r"\textasciicircum{}", "<": r"\textless{}", ">": r"\textgreater{}",
-                 "|": r"\textbar{}", "α": r"$\alpha$", "±": r"$\pm$", "—": "---", "†": r"$\dagger$",
-                 "≥": r"$\geq$", "≤": r"$\leq$", "≈": r"$\approx$", "–": "--"}
+LATEX_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "<": r"\textless{}",
+    ">": r"\textgreater{}",
+    "|": r"\textbar{}",
+    "α": r"$\alpha$",
+    "±": r"$\pm$",
+    "—": "---",
+    "†": r"$\dagger$",
+    "≥": r"$\geq$",
+    "≤": r"$\leq$",
+    "≈": r"$\approx$",
+    "–": "--",
+}
 
 
 def latex_escape(text: str) -> str:
     """Text as LaTeX typesets it literally; line breaks and other control characters become spaces."""
-    return "".join(LATEX_SPECIAL.get(char, " " if char.isspace() or not char.isprintable() else char)
-                   for char in text)
+    return "".join(LATEX_SPECIAL.get(char, " " if char.isspace() or not char.isprintable() else char) for char in text)
 
 
 DAGGER = r"$\dagger$"
-LATEX = Style(r" $\pm$ ", lambda t: rf"\textbf{{{t}}}", lambda t: rf"\underline{{{t}}}",
-              lambda n, dagger: r"\textsuperscript{" + (DAGGER if dagger else "") + f"n={n}}}", "---",
-              latex_escape)
+LATEX = Style(
+    r" $\pm$ ",
+    lambda t: rf"\textbf{{{t}}}",
+    lambda t: rf"\underline{{{t}}}",
+    lambda n, dagger: r"\textsuperscript{" + (DAGGER if dagger else "") + f"n={n}}}",
+    "---",
+    latex_escape,
+)
 
 
 def table_label(table: pd.DataFrame) -> str:
     """``tab:<metric>-<8 hex>``: a hash of the rows, columns, setup and options shown."""
-    content = json.dumps([list(table.index), [list(map(str, c)) for c in table.columns],
-                          {k: v for k, v in table.attrs.items() if k != "per_seed"}], sort_keys=True, default=str)
+    content = json.dumps(
+        [
+            list(table.index),
+            [list(map(str, c)) for c in table.columns],
+            {k: v for k, v in table.attrs.items() if k != "per_seed"},
+        ],
+        sort_keys=True,
+        default=str,
+    )
     metric = "".join(c if c.isalnum() else "-" for c in table.attrs.get("metric", "metric"))
     return f"tab:{metric}-{hashlib.sha256(content.encode()).hexdigest()[:8]}"
 
@@ -83,8 +113,12 @@ def _transposed(table: pd.DataFrame) -> list[str]:
     rows = body_rows(table, LATEX)
     columns = columns_of(table)
     multi = multi_quantity(table)
-    lines = [r"\begin{tabular}{l" + "c" * len(rows) + "}", r"\toprule",
-             " & ".join(["Dataset, $\\alpha$", *(row for row, _ in rows)]) + r" \\", r"\midrule"]
+    lines = [
+        r"\begin{tabular}{l" + "c" * len(rows) + "}",
+        r"\toprule",
+        " & ".join(["Dataset, $\\alpha$", *(row for row, _ in rows)]) + r" \\",
+        r"\midrule",
+    ]
     for index, column in enumerate(columns):
         label = rf"{latex_escape(column[0])}, $\alpha={column[1]:g}$"
         if multi:
@@ -105,8 +139,15 @@ def to_latex(table: pd.DataFrame, label: str | None = None, fit: str = "resize")
     body = _transposed(table) if fit == "transpose" else _tabular(table)
     if fit != "none":  # shrink to \linewidth only when wider
         body = [r"\resizebox{\ifdim\width>\linewidth\linewidth\else\width\fi}{!}{%", *body, "}"]
-    lines = [r"\begin{table}[t]", r"\centering", rf"\caption[{short}]{{{caption}}}",
-             rf"\label{{{safe_label(label) if label else table_label(table)}}}", r"\smallskip", *body, r"\end{table}"]
+    lines = [
+        r"\begin{table}[t]",
+        r"\centering",
+        rf"\caption[{short}]{{{caption}}}",
+        rf"\label{{{safe_label(label) if label else table_label(table)}}}",
+        r"\smallskip",
+        *body,
+        r"\end{table}",
+    ]
     return "\n".join(lines) + "\n"
 
 

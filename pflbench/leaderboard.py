@@ -8,26 +8,48 @@ they become separate rows labelled by the differing setting. Cells carry mean ±
 CI) over seeds, ranks, and a paired test against the column's best (``pflbench.stats``).
 Renderers live in ``pflbench.tables``.
 """
+
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import pandas as pd
 
 from . import stats
 from .errors import ConfigError
 from .names import Quantity, display_name, quantity, setup_text
-from .runfolders import (COLUMNS, GRID_AXES, RunFolderWarning, find_run_folders, load_runs,  # noqa: F401
-                         read_run, run_identity, setting_of)
+from .runfolders import (  # noqa: F401
+    COLUMNS,
+    GRID_AXES,
+    RunFolderWarning,
+    find_run_folders,
+    load_runs,
+    read_run,
+    run_identity,
+    setting_of,
+)
 
-EXTRAS = {"comm": ("bytes_up_total", "bytes_down_total"), "time": ("wall_time_s",),
-          "worst10": ("pers_acc_worst10",)}
-__all__ = ["COLUMNS", "GRID_AXES", "Quantity", "RunFolderWarning", "find_run_folders", "load_runs",
-           "read_run", "run_identity", "setting_of", "quantity", "pivot", "cells", "row_ranks"]
+EXTRAS = {"comm": ("bytes_up_total", "bytes_down_total"), "time": ("wall_time_s",), "worst10": ("pers_acc_worst10",)}
+__all__ = [
+    "COLUMNS",
+    "GRID_AXES",
+    "Quantity",
+    "RunFolderWarning",
+    "find_run_folders",
+    "load_runs",
+    "read_run",
+    "run_identity",
+    "setting_of",
+    "quantity",
+    "pivot",
+    "cells",
+    "row_ranks",
+]
 
 
 def _flat(key: str) -> dict[str, Any]:
@@ -84,8 +106,9 @@ def differing_settings(frame: pd.DataFrame) -> dict[str, list[str]]:
     return {n: sorted({_value_text(s.get(n)) for s in settings}) for n in names}
 
 
-def final_values(frame: pd.DataFrame, quantities: Iterable[str],
-                 renames: Mapping[str, str] | None = None) -> pd.DataFrame:
+def final_values(
+    frame: pd.DataFrame, quantities: Iterable[str], renames: Mapping[str, str] | None = None
+) -> pd.DataFrame:
     """One row per (run, quantity) in display units: run, row, dataset, alpha, seed, quantity, value."""
     finals = frame[frame["round"].isna()]
     wide = finals.set_index(["run", "metric"])["value"].unstack()
@@ -112,9 +135,17 @@ def final_values(frame: pd.DataFrame, quantities: Iterable[str],
     return pd.concat(parts, ignore_index=True)
 
 
-def pivot(frame: pd.DataFrame, metric: str = "pers_acc", extras: Iterable[str] = (), *,
-          interval: str = "std", test: str = "ttest", level: float = 0.05, show_n: bool = False,
-          renames: Mapping[str, str] | None = None) -> pd.DataFrame:
+def pivot(
+    frame: pd.DataFrame,
+    metric: str = "pers_acc",
+    extras: Iterable[str] = (),
+    *,
+    interval: str = "std",
+    test: str = "ttest",
+    level: float = 0.05,
+    show_n: bool = False,
+    renames: Mapping[str, str] | None = None,
+) -> pd.DataFrame:
     """Rows = algorithms (split by differing settings), columns = (dataset, alpha, quantity, stat)
     with stat ∈ {mean, std, n}: mean over seeds, ``std`` the ± part (sample std, or the half-width
     of the t-based 95% CI with ``interval="ci95"``), n = seeds with a value. ``attrs`` keep the
@@ -134,20 +165,38 @@ def pivot(frame: pd.DataFrame, metric: str = "pers_acc", extras: Iterable[str] =
     per_seed: dict[tuple[str, str, float, str], dict[int, float]] = {}
     for row in values.itertuples(index=False):
         per_seed.setdefault((row.row, row.dataset, float(row.alpha), row.quantity), {})[int(row.seed)] = row.value
-    records = {(row, d, a, q, stat): value for (row, d, a, q), by_seed in per_seed.items()
-               for stat, value in (("mean", stats.mean(list(by_seed.values()))),
-                                   ("std", stats.spread(list(by_seed.values()), interval)),
-                                   ("n", len(by_seed)))}
+    records = {
+        (row, d, a, q, stat): value
+        for (row, d, a, q), by_seed in per_seed.items()
+        for stat, value in (
+            ("mean", stats.mean(list(by_seed.values()))),
+            ("std", stats.spread(list(by_seed.values()), interval)),
+            ("n", len(by_seed)),
+        )
+    }
     rows = sorted(set(row_labels(frame, renames).values()))
     panels = sorted({(d, float(a)) for d, a in zip(frame["dataset"], frame["alpha"])})
-    columns = pd.MultiIndex.from_tuples([(d, a, q, s) for d, a in panels for q in quantities
-                                         for s in ("mean", "std", "n")],
-                                        names=["dataset", "alpha", "quantity", "stat"])
-    table = pd.DataFrame([[records.get((row, *column)) for column in columns] for row in rows],
-                         index=pd.Index(rows, name="algorithm"), columns=columns, dtype="float64")
-    table.attrs.update(metric=metric, quantities=quantities, differing=differing_settings(frame),
-                       interval=interval, test=test, level=level, show_n=show_n, setup=setup_text(frame),
-                       per_seed={"|".join(map(str, k)): v for k, v in per_seed.items()})
+    columns = pd.MultiIndex.from_tuples(
+        [(d, a, q, s) for d, a in panels for q in quantities for s in ("mean", "std", "n")],
+        names=["dataset", "alpha", "quantity", "stat"],
+    )
+    table = pd.DataFrame(
+        [[records.get((row, *column)) for column in columns] for row in rows],
+        index=pd.Index(rows, name="algorithm"),
+        columns=columns,
+        dtype="float64",
+    )
+    table.attrs.update(
+        metric=metric,
+        quantities=quantities,
+        differing=differing_settings(frame),
+        interval=interval,
+        test=test,
+        level=level,
+        show_n=show_n,
+        setup=setup_text(frame),
+        per_seed={"|".join(map(str, k)): v for k, v in per_seed.items()},
+    )
     return table
 
 
@@ -204,8 +253,17 @@ def cells(table: pd.DataFrame, decimals: int = 2) -> dict[tuple[str, tuple[str, 
                     common = sorted(set(best_seeds) & set(seeds))
                     gap = sum(best_seeds[s] - seeds[s] for s in common) * (1 if better else -1)
                     tied = gap <= 0 or p >= level
-            result[row, column] = Cell(means[row], _finite(table.loc[row, (*column, "std")]), n,
-                                       ranks.get(row), 0 < n < most, row in leaders, tied, p, pairs)
+            result[row, column] = Cell(
+                means[row],
+                _finite(table.loc[row, (*column, "std")]),
+                n,
+                ranks.get(row),
+                0 < n < most,
+                row in leaders,
+                tied,
+                p,
+                pairs,
+            )
     return result
 
 
@@ -215,8 +273,9 @@ def row_ranks(table: pd.DataFrame, decimals: int = 2) -> dict[str, tuple[float |
     table_cells = cells(table, decimals)
     averages: dict[str, float | None] = {}
     for row in table.index:
-        ranks = [c.rank for (r, column), c in table_cells.items()
-                 if r == row and column[2] == metric and c.rank is not None]
+        ranks = [
+            c.rank for (r, column), c in table_cells.items() if r == row and column[2] == metric and c.rank is not None
+        ]
         averages[row] = sum(ranks) / len(ranks) if ranks else None
     ranked = [r for r in table.index if averages[r] is not None]
     overall = dict(zip(ranked, stats.average_ranks([round(averages[r], decimals) for r in ranked], False)))
@@ -229,8 +288,9 @@ def max_seeds(table: pd.DataFrame) -> int:
     return int(counts.to_numpy().max()) if counts.size else 0
 
 
-def curve_bands(frame: pd.DataFrame, metric: str = "pers_acc", x: str = "round",
-                renames: Mapping[str, str] | None = None) -> pd.DataFrame:
+def curve_bands(
+    frame: pd.DataFrame, metric: str = "pers_acc", x: str = "round", renames: Mapping[str, str] | None = None
+) -> pd.DataFrame:
     """Per (row, dataset, alpha, round): mean x, and mean/std/n over seeds of ``metric`` (display
     units). ``x`` is ``round`` or ``comm`` (cumulative MB sent up + down by that round)."""
     rounds = frame[frame["round"].notna()]
@@ -248,15 +308,19 @@ def curve_bands(frame: pd.DataFrame, metric: str = "pers_acc", x: str = "round",
     labels = row_labels(frame, renames)
     data = data.dropna().reset_index().join(runs, on="run")
     data["row"] = data["run"].map(labels)
-    return (data.groupby(["row", "dataset", "alpha", "round"])
-            .agg(x=("x", "mean"), mean=("y", "mean"), std=("y", "std"), n=("y", "count")).reset_index())
+    return (
+        data.groupby(["row", "dataset", "alpha", "round"])
+        .agg(x=("x", "mean"), mean=("y", "mean"), std=("y", "std"), n=("y", "count"))
+        .reset_index()
+    )
 
 
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 
 
-def write_plots(frame: pd.DataFrame, metric: str, folder: str | Path,
-                renames: Mapping[str, str] | None = None) -> list[Path]:
+def write_plots(
+    frame: pd.DataFrame, metric: str, folder: str | Path, renames: Mapping[str, str] | None = None
+) -> list[Path]:
     """``accuracy_vs_round`` and ``accuracy_vs_comm`` (PNG, PDF and SVG) of ``metric`` per round,
     or of its per-round counterpart (``x_last10`` → ``x``; else ``pers_acc``)."""
     from .plots import plot_curves
@@ -267,7 +331,12 @@ def write_plots(frame: pd.DataFrame, metric: str, folder: str | Path,
     written = []
     for x, x_label in (("round", "Round"), ("comm", "Communication, up + down (MB)")):
         stem = Path(folder) / f"accuracy_vs_{x}"
-        written += plot_curves(curve_bands(frame, curve_metric, x, renames),
-                               [stem.with_suffix(s) for s in PLOT_SUFFIXES], x_label, label,
-                               title=f"{label}: mean ± std over seeds", integer_x=x == "round")
+        written += plot_curves(
+            curve_bands(frame, curve_metric, x, renames),
+            [stem.with_suffix(s) for s in PLOT_SUFFIXES],
+            x_label,
+            label,
+            title=f"{label}: mean ± std over seeds",
+            integer_x=x == "round",
+        )
     return written

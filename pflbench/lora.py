@@ -14,10 +14,11 @@ Extra branches (FedSDG's gated private pair): a subclass adds its parameters and
 e.g. ``branch(x, A, B) + m·branch(x, A_private, B_private)``; ``apply_lora(..., layer_class=...)``
 installs it. There is no second LoRA implementation.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +27,6 @@ from torch import nn
 from .config import LORA_DEFAULT_RANK, LORA_RUN_DEFAULTS
 from .errors import ConfigError
 from .models import head_parameter_names
-
 
 # Defaults of a LoRA run and the rank of LoRA algorithms: owned here, stored torch-free in config.
 DEFAULT_RANK = LORA_DEFAULT_RANK
@@ -39,8 +39,10 @@ class LoRALinear(nn.Module):
     def __init__(self, base: nn.Linear, rank: int, alpha: float) -> None:
         super().__init__()
         if not 1 <= rank <= min(base.in_features, base.out_features):
-            raise ConfigError(f"LoRA rank {rank} must be in [1, min(in, out) = "
-                              f"{min(base.in_features, base.out_features)}] for a {base}")
+            raise ConfigError(
+                f"LoRA rank {rank} must be in [1, min(in, out) = "
+                f"{min(base.in_features, base.out_features)}] for a {base}"
+            )
         self.base = base.requires_grad_(False)
         self.alpha = float(alpha)
         self.max_rank = rank
@@ -89,8 +91,13 @@ class LoRALinear(nn.Module):
     def merge(self) -> nn.Linear:
         """A new ``nn.Linear`` with weight W + ΔW and the same bias; this module is left unchanged."""
         base = self.base
-        merged = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None,
-                           device=base.weight.device, dtype=base.weight.dtype)
+        merged = nn.Linear(
+            base.in_features,
+            base.out_features,
+            bias=base.bias is not None,
+            device=base.weight.device,
+            dtype=base.weight.dtype,
+        )
         merged.weight.copy_(base.weight + self.delta_weight())
         if base.bias is not None:
             merged.bias.copy_(base.bias)
@@ -108,8 +115,14 @@ def parse_targets(text: str) -> list[str]:
     return targets
 
 
-def apply_lora(model: nn.Module, rank: int, alpha: float, targets: Sequence[str],
-               layer_class: type[LoRALinear] = LoRALinear, head_layers: int = 1) -> list[str]:
+def apply_lora(
+    model: nn.Module,
+    rank: int,
+    alpha: float,
+    targets: Sequence[str],
+    layer_class: type[LoRALinear] = LoRALinear,
+    head_layers: int = 1,
+) -> list[str]:
     """Wrap every ``nn.Linear`` whose name ends with a target; freeze all but LoRA and the head.
 
     A target matches a module named ``target`` or ``….target`` (``attn.proj`` matches
@@ -117,16 +130,20 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, targets: Sequence[str]
     stays trainable and is never wrapped. Returns the adapted module names.
     """
     head = head_parameter_names(model, head_layers)
-    linears = [name for name, module in model.named_modules()
-               if isinstance(module, nn.Linear) and f"{name}.weight" not in head]
+    linears = [
+        name for name, module in model.named_modules() if isinstance(module, nn.Linear) and f"{name}.weight" not in head
+    ]
     adapted: list[str] = []
     for target in targets:
         matches = [name for name in linears if name == target or name.endswith("." + target)]
         if not matches:
-            listed = ", ".join(sorted({name.split(".", 2)[-1] if name.startswith("blocks.") else name
-                                       for name in linears}))
-            raise ConfigError(f"--lora-targets {target!r} matches no linear layer of the model "
-                              f"(the head is never adapted); its linear layers: {listed}")
+            listed = ", ".join(
+                sorted({name.split(".", 2)[-1] if name.startswith("blocks.") else name for name in linears})
+            )
+            raise ConfigError(
+                f"--lora-targets {target!r} matches no linear layer of the model "
+                f"(the head is never adapted); its linear layers: {listed}"
+            )
         adapted += [name for name in matches if name not in adapted]
     model.requires_grad_(False)
     for name in adapted:

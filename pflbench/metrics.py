@@ -1,4 +1,5 @@
 """Metrics of SPEC §3 as pure functions of per-client counts, and the run summary."""
+
 from __future__ import annotations
 
 import math

@@ -18,6 +18,7 @@ Written after the last round, before ``summary.json`` (a finished run folder hol
   names, which ``PeftModel.from_pretrained`` wraps: the backbone came from public pretraining,
   not from the hub).
 """
+
 from __future__ import annotations
 
 import copy
@@ -39,14 +40,21 @@ SHARED_FILE = "shared.safetensors"
 def models_meta(prepared: Any) -> dict[str, Any]:
     config, algorithm = prepared.config, prepared.algorithm
     identity = run_identity(config, type(algorithm), algorithm.hparams)
-    return {"run": prepared.run_dir.name, "algo": config.algo, "dataset": config.dataset,
-            "model": config.model, "model_options": config.model_options(),
-            "input_shape": list(prepared.dataset.input_shape),
-            "num_classes": prepared.dataset.num_classes, "rounds": config.rounds,
-            "identity_hash": identity_hash(identity),
-            "has_global_model": bool(algorithm.has_global_model),
-            "shared": sorted(algorithm.layout.shared), "private": sorted(algorithm.layout.private),
-            "lora": prepared.resolved.get("lora")}
+    return {
+        "run": prepared.run_dir.name,
+        "algo": config.algo,
+        "dataset": config.dataset,
+        "model": config.model,
+        "model_options": config.model_options(),
+        "input_shape": list(prepared.dataset.input_shape),
+        "num_classes": prepared.dataset.num_classes,
+        "rounds": config.rounds,
+        "identity_hash": identity_hash(identity),
+        "has_global_model": bool(algorithm.has_global_model),
+        "shared": sorted(algorithm.layout.shared),
+        "private": sorted(algorithm.layout.private),
+        "lora": prepared.resolved.get("lora"),
+    }
 
 
 def save_models(prepared: Any, folder: Path | None = None) -> Path:
@@ -66,8 +74,7 @@ def save_models(prepared: Any, folder: Path | None = None) -> Path:
         # no global model (FedPer's body has no head): every tensor but the private ones, which
         # each client adds ({**shared, **clients[k]} is client k's model)
         private = set(algorithm.layout.private)
-        save_tensors(shared, {**{n: t for n, t in fixed.items() if n not in private},
-                              **algorithm.global_state})
+        save_tensors(shared, {**{n: t for n, t in fixed.items() if n not in private}, **algorithm.global_state})
         meta["shared_file"] = SHARED_FILE
     models = save_run_models(folder, global_state, clients, meta)
     lora = prepared.resolved.get("lora")
@@ -85,6 +92,11 @@ def export_lora(prepared: Any, state: dict[str, Any], models: Path) -> Path:
     model.load_state_dict({n: t.detach().cpu() for n, t in state.items()}, strict=False)
     layers = lora_layers(model)
     save_tensors(models / "base_model.safetensors", base_model_state(model, layers))
-    return export_peft_adapter(model, models / "peft_global", layers, alpha=config.lora_alpha,
-                               target_modules=parse_targets(config.lora_targets),
-                               base_model_name=config.model)
+    return export_peft_adapter(
+        model,
+        models / "peft_global",
+        layers,
+        alpha=config.lora_alpha,
+        target_modules=parse_targets(config.lora_targets),
+        base_model_name=config.model,
+    )

@@ -4,12 +4,14 @@ Every model declares its layer order from input to output (``layer_names``); the
 last ``head_layers`` of them (the final classifier by default), so FedPer/FedRep never guess
 from parameter names. timm models get the same declaration from their module tree.
 """
+
 from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -74,8 +76,7 @@ class _TwoConvNet(LayeredModel):
 
     layer_names = ("conv1", "conv2", "fc1", "fc2", "fc3")
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int,
-                 widths: tuple[int, int, int, int]) -> None:
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, widths: tuple[int, int, int, int]) -> None:
         super().__init__()
         channels, height, width = input_shape
         padding = _conv_padding(min(height, width))
@@ -91,9 +92,13 @@ class _TwoConvNet(LayeredModel):
         self.fc3 = nn.Linear(f2, num_classes)
 
     def stages(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], ...]:
-        return (lambda x: self.pool(torch.relu(self.conv1(x))),
-                lambda x: self.pool(torch.relu(self.conv2(x))).flatten(1),
-                lambda x: torch.relu(self.fc1(x)), lambda x: torch.relu(self.fc2(x)), self.fc3)
+        return (
+            lambda x: self.pool(torch.relu(self.conv1(x))),
+            lambda x: self.pool(torch.relu(self.conv2(x))).flatten(1),
+            lambda x: torch.relu(self.fc1(x)),
+            lambda x: torch.relu(self.fc2(x)),
+            self.fc3,
+        )
 
 
 @register_model("cnn")
@@ -131,9 +136,15 @@ class BatchNormCNN(LayeredModel):
         self.fc2 = nn.Linear(128, num_classes)
 
     def stages(self) -> tuple[Callable[[torch.Tensor], torch.Tensor], ...]:
-        return (self.conv1, lambda x: self.pool(torch.relu(self.bn1(x))), self.conv2,
-                lambda x: self.pool(torch.relu(self.bn2(x))).flatten(1), self.fc1,
-                lambda x: torch.relu(self.bn3(x)), self.fc2)
+        return (
+            self.conv1,
+            lambda x: self.pool(torch.relu(self.bn1(x))),
+            self.conv2,
+            lambda x: self.pool(torch.relu(self.bn2(x))).flatten(1),
+            self.fc1,
+            lambda x: torch.relu(self.bn3(x)),
+            self.fc2,
+        )
 
 
 @register_model("char_lstm")
@@ -147,8 +158,15 @@ class CharLSTM(LayeredModel):
 
     layer_names = ("embedding", "lstm", "fc")
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, hidden: int = 256,
-                 layers: int = 2, embed_dim: int = 8, vocab_size: int | None = None) -> None:
+    def __init__(
+        self,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        hidden: int = 256,
+        layers: int = 2,
+        embed_dim: int = 8,
+        vocab_size: int | None = None,
+    ) -> None:
         super().__init__()
         if len(input_shape) != 1:
             raise ConfigError(f"char_lstm needs token sequences [L], the data has shape {input_shape}")
@@ -167,12 +185,12 @@ def vit_patch_size(height: int, width: int) -> int:
     """
     side = min(height, width)
     limit = min(14, max(4, side // 4))
-    return next(p for p in range(1, side + 1)
-                if height % p == 0 and width % p == 0 and side // p <= limit)
+    return next(p for p in range(1, side + 1) if height % p == 0 and width % p == 0 and side // p <= limit)
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
-                pretrained: bool = False, **options: Any) -> nn.Module:
+def build_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, pretrained: bool = False, **options: Any
+) -> nn.Module:
     """A zoo model, or any timm model name, adapted to ``input_shape`` and ``num_classes``.
 
     ``options`` go to the model's constructor (``--model-option``); timm ViTs (``vit_*``) also
@@ -182,8 +200,10 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
     """
     if name in MODELS.items:
         if pretrained:
-            raise ConfigError(f"--pretrained: zoo model {name!r} has no hub weights; use a timm model "
-                              "name, --weights FILE, or --backbone public")
+            raise ConfigError(
+                f"--pretrained: zoo model {name!r} has no hub weights; use a timm model "
+                "name, --weights FILE, or --backbone public"
+            )
         try:
             return MODELS.get(name)(input_shape, num_classes, **options)
         except ConfigError:
@@ -193,8 +213,10 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
     import timm
 
     if not timm.is_model(name):
-        raise ConfigError(f"unknown model {name!r}; valid choices: {', '.join(MODELS.names())} "
-                          "or a timm model name (see timm.list_models())")
+        raise ConfigError(
+            f"unknown model {name!r}; valid choices: {', '.join(MODELS.names())} "
+            "or a timm model name (see timm.list_models())"
+        )
     if len(input_shape) != 3:
         raise ConfigError(f"timm model {name!r} needs image inputs, the data has shape {input_shape}")
     channels, height, width = input_shape
@@ -219,15 +241,15 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int,
             f"--pretrained: could not load timm hub weights for {name!r} ({type(error).__name__}); "
             "offline, pretrain a backbone on a public fraction of the data instead "
             "(`pflbench pretrain`, or run with --backbone public --public-frac 0.2) or pass "
-            "--weights FILE") from error
+            "--weights FILE"
+        ) from error
 
 
 def _model_option_error(name: str, options: dict[str, Any], error: BaseException) -> ConfigError:
     """A model constructor's failure on its options, as one usage error naming them."""
     given = " ".join(f"{k}={v}" for k, v in options.items() if k != "patch_size") or "none"
     reason = " ".join(str(error).split())[:200] or type(error).__name__
-    return ConfigError(f"--model-option for model {name!r} (given: {given}) does not build a model: "
-                       f"{reason}")
+    return ConfigError(f"--model-option for model {name!r} (given: {given}) does not build a model: {reason}")
 
 
 def load_weights(model: nn.Module, path: str | Path) -> dict[str, Any]:
@@ -261,7 +283,8 @@ def load_weights(model: nn.Module, path: str | Path) -> dict[str, Any]:
     if missing or unexpected or wrong:
         raise ConfigError(
             f"--weights {str(path)!r} does not fit this model (same --model and --model-option?): "
-            f"missing {missing[:3]}, unexpected {unexpected[:3]}, shape mismatch {wrong[:3]}")
+            f"missing {missing[:3]}, unexpected {unexpected[:3]}, shape mismatch {wrong[:3]}"
+        )
     model.load_state_dict(state, strict=False)
     if skipped:
         head_note = f"skipped {skipped} (shape differs from this model's): freshly initialised"
@@ -287,8 +310,11 @@ def layer_order(model: nn.Module) -> list[str]:
         if not any(True for _ in child.parameters()):
             continue
         if isinstance(child, (nn.Sequential, nn.ModuleList)):
-            names += [f"{name}.{sub}" for sub, grandchild in child.named_children()
-                      if any(True for _ in grandchild.parameters())]
+            names += [
+                f"{name}.{sub}"
+                for sub, grandchild in child.named_children()
+                if any(True for _ in grandchild.parameters())
+            ]
         else:
             names.append(name)
     return names
@@ -317,8 +343,9 @@ def head_module_names(model: nn.Module, head_layers: int = 1) -> list[str]:
     """The modules forming the head: the last ``head_layers`` layers of ``layer_order``."""
     order = layer_order(model)
     if not 1 <= head_layers < len(order):
-        raise ConfigError(f"--head-layers {head_layers} must be in [1, {len(order) - 1}] for "
-                          f"this model (layers: {', '.join(order)})")
+        raise ConfigError(
+            f"--head-layers {head_layers} must be in [1, {len(order) - 1}] for this model (layers: {', '.join(order)})"
+        )
     return order[-head_layers:]
 
 

@@ -1,19 +1,29 @@
 """Names a reader sees: algorithms' display names, readable metric labels, the setup caption."""
+
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 import pandas as pd
 
 from .errors import ConfigError
 
-METRIC_NAMES = {"pers_acc": "Personalized accuracy", "pers_acc_last10": "Personalized accuracy, last 10%",
-                "global_acc": "Global accuracy", "pers_acc_worst10": "Worst-10% client accuracy",
-                "pers_acc_std": "Std of client accuracy", "worst10": "Worst-10% client accuracy",
-                "comm": "Communication", "time": "Wall time", "wall_time_s": "Wall time",
-                "train_loss": "Training loss", "bytes_up_total": "Upload", "bytes_down_total": "Download"}
+METRIC_NAMES = {
+    "pers_acc": "Personalized accuracy",
+    "pers_acc_last10": "Personalized accuracy, last 10%",
+    "global_acc": "Global accuracy",
+    "pers_acc_worst10": "Worst-10% client accuracy",
+    "pers_acc_std": "Std of client accuracy",
+    "worst10": "Worst-10% client accuracy",
+    "comm": "Communication",
+    "time": "Wall time",
+    "wall_time_s": "Wall time",
+    "train_loss": "Training loss",
+    "bytes_up_total": "Upload",
+    "bytes_down_total": "Download",
+}
 
 
 @dataclass(frozen=True)
@@ -73,8 +83,10 @@ def parse_renames(pairs: Iterable[str]) -> dict[str, str]:
 
 
 def _values(values: Iterable[object]) -> str:
-    distinct = sorted({"none" if v is None else f"{v:g}" if isinstance(v, float) else str(v) for v in values},
-                      key=lambda text: (len(text), text))
+    distinct = sorted(
+        {"none" if v is None else f"{v:g}" if isinstance(v, float) else str(v) for v in values},
+        key=lambda text: (len(text), text),
+    )
     return "/".join(distinct)
 
 
@@ -89,12 +101,18 @@ def setup_text(frame: pd.DataFrame) -> str:
     def field(name: str) -> str:
         return _values(s.get(name) for s in settings)
 
-    sampled = _values(max(1, round(s["num_clients"] * s["frac"])) if isinstance(s.get("num_clients"), int)
-                      and isinstance(s.get("frac"), (int, float)) else None for s in settings)
+    sampled = _values(
+        max(1, round(s["num_clients"] * s["frac"]))
+        if isinstance(s.get("num_clients"), int) and isinstance(s.get("frac"), (int, float))
+        else None
+        for s in settings
+    )
     alphas = ", ".join(f"{a:g}" for a in sorted(runs["alpha"].unique()))
     partition = field("partition")
     alpha_text = f" (α = {alphas})" if "dirichlet" in partition else ""
     epochs = field("local_epochs")
-    return (f"{', '.join(sorted(runs['dataset'].unique()))}, {partition} partition{alpha_text}, "
-            f"{field('num_clients')} clients, {sampled} sampled per round, {field('rounds')} rounds, "
-            f"{epochs} local epoch{'' if epochs == '1' else 's'}, model {field('model')}")
+    return (
+        f"{', '.join(sorted(runs['dataset'].unique()))}, {partition} partition{alpha_text}, "
+        f"{field('num_clients')} clients, {sampled} sampled per round, {field('rounds')} rounds, "
+        f"{epochs} local epoch{'' if epochs == '1' else 's'}, model {field('model')}"
+    )

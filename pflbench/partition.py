@@ -3,6 +3,7 @@
 Every sample goes to at most one client. ``split_train_test`` then splits each client's
 samples into train/test, stratified by label inside the client.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -13,14 +14,20 @@ import numpy as np
 from .errors import ConfigError
 from .registry import PARTITIONERS, register_partitioner
 
-
 DIRICHLET_CUTS = ("unbiased", "floor", "flower")
 
 
 @register_partitioner("dirichlet")
-def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha: float = 0.5,
-              min_size: int = 10, balance: bool = True, max_tries: int = 100,
-              cut: str = "unbiased") -> list[np.ndarray]:
+def dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    alpha: float = 0.5,
+    min_size: int = 10,
+    balance: bool = True,
+    max_tries: int = 100,
+    cut: str = "unbiased",
+) -> list[np.ndarray]:
     """Label skew: per class c, p_c ~ Dir(α·1_K), class c split over clients by p_c·n_c.
 
     ``cut`` turns the proportions into per-client counts of class c:
@@ -71,11 +78,11 @@ def dirichlet(labels: np.ndarray, num_clients: int, rng: np.random.Generator, al
     raise ConfigError(
         f"dirichlet partition failed after {max_tries} tries to give each of {num_clients} clients "
         f"at least min_size={min_size} samples with alpha={alpha}; use fewer clients, a larger "
-        "alpha or a smaller --min-size")
+        "alpha or a smaller --min-size"
+    )
 
 
-def largest_remainder_counts(proportions: np.ndarray, total: int,
-                             rng: np.random.Generator) -> np.ndarray:
+def largest_remainder_counts(proportions: np.ndarray, total: int, rng: np.random.Generator) -> np.ndarray:
     """Integer counts summing to ``total``, each ⌊p_k·total⌋ or ⌈p_k·total⌉ (Hamilton's method).
 
     The leftover units go to the largest fractional parts; equal fractional parts are ordered
@@ -92,8 +99,9 @@ def largest_remainder_counts(proportions: np.ndarray, total: int,
 
 
 @register_partitioner("dirichlet-client")
-def dirichlet_client(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
-                     alpha: float = 0.5, min_size: int = 10) -> list[np.ndarray]:
+def dirichlet_client(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha: float = 0.5, min_size: int = 10
+) -> list[np.ndarray]:
     """Per-client class mix: q_k ~ Dir(α·1_C); client k gets N/K samples in proportions q_k.
 
     Sampling is without replacement; when a class runs out, its share goes to the classes
@@ -122,22 +130,24 @@ def dirichlet_client(labels: np.ndarray, num_clients: int, rng: np.random.Genera
 
 
 @register_partitioner("iid")
-def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
-        min_size: int = 10) -> list[np.ndarray]:
+def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator, min_size: int = 10) -> list[np.ndarray]:
     """Uniform random split into K (near-)equal parts."""
     _check_enough_samples(len(labels), num_clients, min_size)
     return [np.sort(part) for part in np.array_split(rng.permutation(len(labels)), num_clients)]
 
 
 @register_partitioner("shards")
-def shards(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
-           shards_per_client: int = 2, min_size: int = 10) -> list[np.ndarray]:
+def shards(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, shards_per_client: int = 2, min_size: int = 10
+) -> list[np.ndarray]:
     """Pathological non-IID: sort by label, cut into K·s shards, deal s random shards each."""
     labels = np.asarray(labels)
     num_shards = num_clients * shards_per_client
     if shards_per_client < 1 or num_shards > len(labels):
-        raise ConfigError(f"shards: {num_clients} clients × {shards_per_client} shards per client "
-                          f"needs at least {num_shards} samples, the data has {len(labels)}")
+        raise ConfigError(
+            f"shards: {num_clients} clients × {shards_per_client} shards per client "
+            f"needs at least {num_shards} samples, the data has {len(labels)}"
+        )
     _check_enough_samples(len(labels), num_clients, min_size)
     shuffled = rng.permutation(len(labels))
     by_label = shuffled[np.argsort(labels[shuffled], kind="stable")]
@@ -147,8 +157,9 @@ def shards(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
 
 
 @register_partitioner("natural")
-def natural(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
-            groups: np.ndarray | None = None, min_size: int = 10) -> list[np.ndarray]:
+def natural(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, groups: np.ndarray | None = None, min_size: int = 10
+) -> list[np.ndarray]:
     """Use the dataset's own client column (e.g. FEMNIST ``writer_id``); K groups at random.
 
     The K clients are drawn without replacement among the groups with ≥ ``min_size`` samples
@@ -158,22 +169,26 @@ def natural(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
     is used as it is, see ``pflbench.partition_io.preset_partition``.)
     """
     if groups is None:
-        raise ConfigError("partition 'natural' needs a dataset with a client-id column; "
-                          "this dataset has none (use dirichlet, dirichlet-client, iid or shards)")
+        raise ConfigError(
+            "partition 'natural' needs a dataset with a client-id column; "
+            "this dataset has none (use dirichlet, dirichlet-client, iid or shards)"
+        )
     if num_clients < 1:
         raise ConfigError(f"--num-clients must be ≥ 1, got {num_clients}")
     groups = np.asarray(groups)
     ids, inverse, counts = np.unique(groups, return_inverse=True, return_counts=True)
     eligible = ids[counts >= min_size]
     if len(eligible) < num_clients:
-        raise ConfigError(f"partition 'natural': only {len(eligible)} groups have at least "
-                          f"min_size={min_size} samples, {num_clients} clients were asked for")
+        raise ConfigError(
+            f"partition 'natural': only {len(eligible)} groups have at least "
+            f"min_size={min_size} samples, {num_clients} clients were asked for"
+        )
     chosen = np.sort(rng.choice(eligible, size=num_clients, replace=False))
     # members of each group in index order, without a K × N comparison (FEMNIST: 3,597 writers)
     by_group = np.argsort(inverse.reshape(-1), kind="stable")
     ends = np.cumsum(counts)
     positions = np.searchsorted(ids, chosen)
-    return [by_group[ends[p] - counts[p]:ends[p]] for p in positions]
+    return [by_group[ends[p] - counts[p] : ends[p]] for p in positions]
 
 
 def _check_enough_samples(total: int, num_clients: int, min_size: int) -> None:
@@ -182,19 +197,22 @@ def _check_enough_samples(total: int, num_clients: int, min_size: int) -> None:
     if total < num_clients * min_size:
         raise ConfigError(
             f"{num_clients} clients × min_size={min_size} needs {num_clients * min_size} samples, "
-            f"the data has {total}; use at most {total // max(min_size, 1)} clients")
+            f"the data has {total}; use at most {total // max(min_size, 1)} clients"
+        )
 
 
-def partition(name: str, labels: np.ndarray, num_clients: int, rng: np.random.Generator,
-              **params: Any) -> list[np.ndarray]:
+def partition(
+    name: str, labels: np.ndarray, num_clients: int, rng: np.random.Generator, **params: Any
+) -> list[np.ndarray]:
     """Run partitioner ``name`` with the subset of ``params`` it accepts."""
     function = PARTITIONERS.get(name)
     accepted = inspect.signature(function).parameters
     return function(labels, num_clients, rng, **{k: v for k, v in params.items() if k in accepted})
 
 
-def split_train_test(labels: np.ndarray, client_indices: list[np.ndarray], test_frac: float,
-                     rng: np.random.Generator) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def split_train_test(
+    labels: np.ndarray, client_indices: list[np.ndarray], test_frac: float, rng: np.random.Generator
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Split each client's samples into train/test, stratified by label inside the client.
 
     Class c of a client with n_c samples puts floor(test_frac · n_c + 0.5) into test. A client
@@ -214,8 +232,10 @@ def split_train_test(labels: np.ndarray, client_indices: list[np.ndarray], test_
         test_idx, train_idx = np.concatenate(test), np.concatenate(train)
         if len(test_idx) == 0 and test_frac > 0 and len(train_idx) > 1:
             largest = np.argmax([len(part) for part in train])
-            test_idx, train_idx = train[largest][:1], np.concatenate(
-                [part[1:] if i == largest else part for i, part in enumerate(train)])
+            test_idx, train_idx = (
+                train[largest][:1],
+                np.concatenate([part[1:] if i == largest else part for i, part in enumerate(train)]),
+            )
         if len(train_idx) == 0 and len(test_idx) > 1:
             train_idx, test_idx = test_idx[:1], test_idx[1:]
         train_splits.append(np.sort(train_idx).astype(np.int64))
@@ -223,13 +243,17 @@ def split_train_test(labels: np.ndarray, client_indices: list[np.ndarray], test_
     return train_splits, test_splits
 
 
-def partition_stats(labels: np.ndarray, train_splits: list[np.ndarray],
-                    test_splits: list[np.ndarray], num_classes: int) -> dict[str, Any]:
+def partition_stats(
+    labels: np.ndarray, train_splits: list[np.ndarray], test_splits: list[np.ndarray], num_classes: int
+) -> dict[str, Any]:
     """Samples per client, classes per client and the K × C label histogram (train+test)."""
     labels = np.asarray(labels)
-    histogram = np.stack([
-        np.bincount(labels[np.concatenate([tr, te])], minlength=num_classes)
-        for tr, te in zip(train_splits, test_splits)])
+    histogram = np.stack(
+        [
+            np.bincount(labels[np.concatenate([tr, te])], minlength=num_classes)
+            for tr, te in zip(train_splits, test_splits)
+        ]
+    )
     sizes = histogram.sum(axis=1)
     classes_per_client = (histogram > 0).sum(axis=1)
     return {
@@ -239,7 +263,9 @@ def partition_stats(labels: np.ndarray, train_splits: list[np.ndarray],
         "samples_per_client": sizes.tolist(),
         "classes_per_client": classes_per_client.tolist(),
         "label_histogram": histogram.tolist(),
-        "samples_mean": float(sizes.mean()), "samples_std": float(sizes.std()),
-        "samples_min": int(sizes.min()), "samples_max": int(sizes.max()),
+        "samples_mean": float(sizes.mean()),
+        "samples_std": float(sizes.std()),
+        "samples_min": int(sizes.min()),
+        "samples_max": int(sizes.max()),
         "classes_per_client_mean": float(classes_per_client.mean()),
     }

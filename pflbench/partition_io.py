@@ -15,14 +15,16 @@ loaders build it). ``--partition-file`` also reads a run's ``partition.json`` (a
 index in range, no sample twice (across clients and train/test/public), no client without
 train or test samples; each failure is one ``ConfigError`` line.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
 import pickle
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -58,19 +60,42 @@ class PresetPartition:
 # ----------------------------------------------------------------------------- export
 
 
-def partition_document(config: RunConfig, dataset: TensorDataset, train: Sequence[np.ndarray],
-                       test: Sequence[np.ndarray], public: np.ndarray) -> dict[str, Any]:
+def partition_document(
+    config: RunConfig,
+    dataset: TensorDataset,
+    train: Sequence[np.ndarray],
+    test: Sequence[np.ndarray],
+    public: np.ndarray,
+) -> dict[str, Any]:
     """The export JSON object (see the module docstring)."""
-    settings = {k: v for k, v in dataclasses.asdict(config).items()
-                if k in ("partition", "alpha", "dirichlet_cut", "shards_per_client", "min_size",
-                         "test_frac", "public_frac", "seed", "dataset_option", "partition_file")}
+    settings = {
+        k: v
+        for k, v in dataclasses.asdict(config).items()
+        if k
+        in (
+            "partition",
+            "alpha",
+            "dirichlet_cut",
+            "shards_per_client",
+            "min_size",
+            "test_frac",
+            "public_frac",
+            "seed",
+            "dataset_option",
+            "partition_file",
+        )
+    }
     return {
-        "format": FORMAT, "version": VERSION,
-        "dataset": {"name": config.dataset, "size": int(len(dataset.labels)),
-                    "num_classes": int(dataset.num_classes), "source": dataset.source},
+        "format": FORMAT,
+        "version": VERSION,
+        "dataset": {
+            "name": config.dataset,
+            "size": int(len(dataset.labels)),
+            "num_classes": int(dataset.num_classes),
+            "source": dataset.source,
+        },
         "num_clients": len(train),
-        "clients": [{"train": np.asarray(tr).tolist(), "test": np.asarray(te).tolist()}
-                    for tr, te in zip(train, test)],
+        "clients": [{"train": np.asarray(tr).tolist(), "test": np.asarray(te).tolist()} for tr, te in zip(train, test)],
         "public": np.asarray(public).tolist(),
         "settings": settings,
     }
@@ -91,8 +116,10 @@ def read_partition_file(path: str | Path) -> PresetPartition:
     where = f"--partition-file {str(path)!r}"
     path = Path(path)
     if path.is_dir() and (path / "config.json").is_file() and (path / "train").is_dir():
-        raise ConfigError(f"{where} is a PFLlib dataset folder; load it as a dataset with its own "
-                          f"clients: --dataset pfllib --data-dir {path} --partition natural")
+        raise ConfigError(
+            f"{where} is a PFLlib dataset folder; load it as a dataset with its own "
+            f"clients: --dataset pfllib --data-dir {path} --partition natural"
+        )
     if not path.is_file():
         raise ConfigError(f"{where} is not a file")
     try:
@@ -103,11 +130,12 @@ def read_partition_file(path: str | Path) -> PresetPartition:
         raise ConfigError(f"{where} holds a JSON {type(document).__name__}, not a partition object")
     if document.get("format") == FORMAT:
         if document.get("version") != VERSION:
-            raise ConfigError(f"{where} has format version {document.get('version')!r}; this "
-                              f"pflbench reads version {VERSION}")
+            raise ConfigError(
+                f"{where} has format version {document.get('version')!r}; this pflbench reads version {VERSION}"
+            )
         clients = document.get("clients")
         if not isinstance(clients, list) or not all(isinstance(c, dict) for c in clients):
-            raise ConfigError(f"{where}: 'clients' must be a list of {{\"train\": [...], \"test\": [...]}}")
+            raise ConfigError(f'{where}: \'clients\' must be a list of {{"train": [...], "test": [...]}}')
         train = [c.get("train") for c in clients]
         test = [c.get("test") for c in clients]
         dataset = document.get("dataset") or {}
@@ -120,14 +148,19 @@ def read_partition_file(path: str | Path) -> PresetPartition:
         name = (document.get("config") or {}).get("dataset")
         size = None
     else:
-        raise ConfigError(f"{where} is neither a `pflbench partition --export` file nor a run's "
-                          "partition.json (no 'format' or 'train_indices' key)")
+        raise ConfigError(
+            f"{where} is neither a `pflbench partition --export` file nor a run's "
+            "partition.json (no 'format' or 'train_indices' key)"
+        )
     public = document.get("public", document.get("public_indices", []))
     preset = PresetPartition(
         train=[_index_array(v, where, f"client {k} train") for k, v in enumerate(train)],
         test=[_index_array(v, where, f"client {k} test") for k, v in enumerate(test)],
-        public=_index_array(public, where, "public"), source=str(path),
-        dataset_name=name, dataset_size=size)
+        public=_index_array(public, where, "public"),
+        source=str(path),
+        dataset_name=name,
+        dataset_size=size,
+    )
     return preset
 
 
@@ -142,8 +175,7 @@ def _index_array(values: Any, where: str, what: str) -> np.ndarray:
     return array.astype(np.int64)
 
 
-def validate_partition(preset: PresetPartition, dataset_size: int,
-                       dataset_name: str | None = None) -> None:
+def validate_partition(preset: PresetPartition, dataset_size: int, dataset_name: str | None = None) -> None:
     """ConfigError unless the indices fit a dataset of ``dataset_size`` samples (see module doc)."""
     where = f"partition {preset.source!r}"
     if preset.num_clients == 0:
@@ -151,11 +183,15 @@ def validate_partition(preset: PresetPartition, dataset_size: int,
     if len(preset.test) != preset.num_clients:
         raise ConfigError(f"{where} has {preset.num_clients} train lists but {len(preset.test)} test lists")
     if preset.dataset_size is not None and preset.dataset_size != dataset_size:
-        raise ConfigError(f"{where} was made for a dataset of {preset.dataset_size} samples "
-                          f"({preset.dataset_name}); this dataset has {dataset_size}")
+        raise ConfigError(
+            f"{where} was made for a dataset of {preset.dataset_size} samples "
+            f"({preset.dataset_name}); this dataset has {dataset_size}"
+        )
     if dataset_name is not None and preset.dataset_name not in (None, dataset_name):
-        raise ConfigError(f"{where} was made for dataset {preset.dataset_name!r}, not "
-                          f"{dataset_name!r}; pass --dataset {preset.dataset_name}")
+        raise ConfigError(
+            f"{where} was made for dataset {preset.dataset_name!r}, not "
+            f"{dataset_name!r}; pass --dataset {preset.dataset_name}"
+        )
     for k, (train, test) in enumerate(zip(preset.train, preset.test)):
         if len(train) == 0 or len(test) == 0:
             split = "train" if len(train) == 0 else "test"
@@ -163,13 +199,17 @@ def validate_partition(preset: PresetPartition, dataset_size: int,
     everything = np.concatenate([*preset.train, *preset.test, preset.public])
     if everything.min() < 0 or everything.max() >= dataset_size:
         bad = everything[(everything < 0) | (everything >= dataset_size)][0]
-        raise ConfigError(f"{where}: index {bad} is out of range for a dataset of "
-                          f"{dataset_size} samples (valid: 0..{dataset_size - 1})")
+        raise ConfigError(
+            f"{where}: index {bad} is out of range for a dataset of "
+            f"{dataset_size} samples (valid: 0..{dataset_size - 1})"
+        )
     counts = np.bincount(everything, minlength=dataset_size)
     if counts.max() > 1:
         twice = int(np.flatnonzero(counts > 1)[0])
-        raise ConfigError(f"{where}: sample {twice} is assigned {counts[twice]} times "
-                          "(each sample may appear once, in one client's train or test split or public)")
+        raise ConfigError(
+            f"{where}: sample {twice} is assigned {counts[twice]} times "
+            "(each sample may appear once, in one client's train or test split or public)"
+        )
 
 
 def preset_partition(config: PartitionSpec | RunConfig, dataset: TensorDataset) -> PresetPartition | None:
@@ -183,22 +223,26 @@ def preset_partition(config: PartitionSpec | RunConfig, dataset: TensorDataset) 
         name = config.dataset
     elif config.partition == "natural" and "client_splits" in dataset.info:
         splits = dataset.info["client_splits"]
-        preset = PresetPartition([np.asarray(s, dtype=np.int64) for s in splits["train"]],
-                                 [np.asarray(s, dtype=np.int64) for s in splits["test"]],
-                                 np.zeros(0, dtype=np.int64), f"{config.dataset}'s own client split")
+        preset = PresetPartition(
+            [np.asarray(s, dtype=np.int64) for s in splits["train"]],
+            [np.asarray(s, dtype=np.int64) for s in splits["test"]],
+            np.zeros(0, dtype=np.int64),
+            f"{config.dataset}'s own client split",
+        )
         name = None
     else:
         return None
     validate_partition(preset, len(dataset.labels), name)
     if (config.public_frac or 0) > 0 and len(preset.public) == 0:
-        raise ConfigError(f"partition {preset.source!r} holds no public samples, but --public-frac "
-                          f"is {config.public_frac:g}; pass --public-frac 0 (and --weights FILE or "
-                          "--backbone random for a LoRA run)")
+        raise ConfigError(
+            f"partition {preset.source!r} holds no public samples, but --public-frac "
+            f"is {config.public_frac:g}; pass --public-frac 0 (and --weights FILE or "
+            "--backbone random for a LoRA run)"
+        )
     return preset
 
 
-def fit_num_clients(config: RunConfig, dataset: TensorDataset,
-                    explicit: set[str] | None = None) -> RunConfig:
+def fit_num_clients(config: RunConfig, dataset: TensorDataset, explicit: set[str] | None = None) -> RunConfig:
     """``config`` with ``num_clients`` taken from the preset partition, if there is one.
 
     A ``--num-clients`` the user set explicitly (``explicit``) must agree with the partition.
@@ -209,9 +253,11 @@ def fit_num_clients(config: RunConfig, dataset: TensorDataset,
     if preset is None or preset.num_clients == config.num_clients:
         return config
     if explicit is not None and "num_clients" in explicit:
-        raise ConfigError(f"--num-clients {config.num_clients} contradicts partition "
-                          f"{preset.source!r}, which has {preset.num_clients} clients; drop "
-                          "--num-clients (the partition sets it)")
+        raise ConfigError(
+            f"--num-clients {config.num_clients} contradicts partition "
+            f"{preset.source!r}, which has {preset.num_clients} clients; drop "
+            "--num-clients (the partition sets it)"
+        )
     return dataclasses.replace(config, num_clients=preset.num_clients)
 
 
@@ -252,17 +298,28 @@ def read_pfllib_folder(path: str | Path) -> dict[str, Any]:
     shapes = {x.shape[1:] for x in xs}
     if len(shapes) > 1:
         raise ConfigError(f"{where}: clients' x arrays have different shapes {sorted(shapes)}")
-    return {"x": np.concatenate(xs), "y": labels, "client": np.concatenate(owner),
-            "train": train, "test": test, "num_classes": num_classes}
+    return {
+        "x": np.concatenate(xs),
+        "y": labels,
+        "client": np.concatenate(owner),
+        "train": train,
+        "test": test,
+        "num_classes": num_classes,
+    }
 
 
 class _ArraysOnlyUnpickler(pickle.Unpickler):
     """Rebuilds numpy arrays, dtypes and plain containers; any other global is refused, so a
     crafted file cannot run code (no ``np.load(allow_pickle=True)``)."""
 
-    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-               ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
-               ("numpy._core.multiarray", "scalar")}
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+    }
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) not in self.ALLOWED:
@@ -288,14 +345,17 @@ def safe_pickled_npz_entry(file: Path, key: str) -> Any:
 
 def _read_pfllib_npz(file: Path, where: str) -> tuple[np.ndarray, np.ndarray]:
     if not file.is_file():
-        raise ConfigError(f"{where} has no {file.parent.name}/{file.name} (config.json lists "
-                          "more clients than there are files)")
+        raise ConfigError(
+            f"{where} has no {file.parent.name}/{file.name} (config.json lists more clients than there are files)"
+        )
     try:
         data = safe_pickled_npz_entry(file, "data")  # PFLlib pickles a dict into 'data'
         x, y = np.asarray(data["x"]), np.asarray(data["y"]).astype(np.int64).reshape(-1)
     except Exception as error:  # any unreadable file is bad input here
-        raise ConfigError(f"{where}: {file.parent.name}/{file.name} is not a PFLlib client file "
-                          f"(an .npz with data={{'x': ..., 'y': ...}}): {error}") from error
+        raise ConfigError(
+            f"{where}: {file.parent.name}/{file.name} is not a PFLlib client file "
+            f"(an .npz with data={{'x': ..., 'y': ...}}): {error}"
+        ) from error
     if len(x) != len(y):
         raise ConfigError(f"{where}: {file.parent.name}/{file.name} has {len(x)} x rows but {len(y)} labels")
     return x, y
@@ -322,14 +382,23 @@ def flwr_partition_indices(partitioner: Any, dataset: Any) -> list[np.ndarray]:
     """
     tagged = dataset.add_column(_INDEX_COLUMN, list(range(len(dataset))))
     partitioner.dataset = tagged
-    return [np.asarray(partitioner.load_partition(k)[_INDEX_COLUMN], dtype=np.int64)
-            for k in range(partitioner.num_partitions)]
+    return [
+        np.asarray(partitioner.load_partition(k)[_INDEX_COLUMN], dtype=np.int64)
+        for k in range(partitioner.num_partitions)
+    ]
 
 
-def flwr_partition_document(train_partitioner: Any, train_dataset: Any, dataset_name: str,
-                            dataset_size: int, test_partitioner: Any = None,
-                            test_dataset: Any = None, test_offset: int | None = None,
-                            test_frac: float = 0.25, seed: int = 0) -> dict[str, Any]:
+def flwr_partition_document(
+    train_partitioner: Any,
+    train_dataset: Any,
+    dataset_name: str,
+    dataset_size: int,
+    test_partitioner: Any = None,
+    test_dataset: Any = None,
+    test_offset: int | None = None,
+    test_frac: float = 0.25,
+    seed: int = 0,
+) -> dict[str, Any]:
     """An export document from flwr-datasets partitioners (``--partition-file`` reads it).
 
     pflbench pools a hub dataset's splits in order (train, then test), so train-split row i is
@@ -349,14 +418,14 @@ def flwr_partition_document(train_partitioner: Any, train_dataset: Any, dataset_
     else:
         labels = np.zeros(dataset_size, dtype=np.int64)
         column = _label_column(train_dataset)
-        labels[:len(train_dataset)] = np.asarray(train_dataset[column], dtype=np.int64)
+        labels[: len(train_dataset)] = np.asarray(train_dataset[column], dtype=np.int64)
         train, tests = split_train_test(labels, clients, test_frac, np.random.default_rng(seed))
     return {
-        "format": FORMAT, "version": VERSION,
+        "format": FORMAT,
+        "version": VERSION,
         "dataset": {"name": dataset_name, "size": int(dataset_size)},
         "num_clients": len(train),
-        "clients": [{"train": np.sort(tr).tolist(), "test": np.sort(te).tolist()}
-                    for tr, te in zip(train, tests)],
+        "clients": [{"train": np.sort(tr).tolist(), "test": np.sort(te).tolist()} for tr, te in zip(train, tests)],
         "public": [],
         "settings": {"source": "flwr-datasets", "partitioner": type(train_partitioner).__name__},
     }
@@ -366,10 +435,12 @@ def parse_flwr_spec(spec: str) -> tuple[str, dict[str, Any]]:
     """``flwr:Name[:key=value,...]`` → (partitioner class name, keyword arguments)."""
     from .config import _key_values
 
-    name, _, options = spec[len(FLWR_PREFIX):].partition(":")
+    name, _, options = spec[len(FLWR_PREFIX) :].partition(":")
     if not name.isidentifier():
-        raise ConfigError(f"--partition-file {spec!r}: expected flwr:<Partitioner>[:key=value,...], "
-                          "e.g. flwr:DirichletPartitioner:alpha=0.5,seed=42")
+        raise ConfigError(
+            f"--partition-file {spec!r}: expected flwr:<Partitioner>[:key=value,...], "
+            "e.g. flwr:DirichletPartitioner:alpha=0.5,seed=42"
+        )
     items = tuple(item for item in options.split(",") if item)
     return name, _key_values(items, f"--partition-file {spec}")
 

@@ -12,6 +12,7 @@ The file holds the backbone *without* the classifier head, as with hub weights (
 never fits the task): every run learns its task head from client data only, so a run's
 starting accuracy is chance and algorithms are compared on what federated training adds.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -55,14 +56,24 @@ def indices_digest(indices: np.ndarray) -> str:
 
 def backbone_key(config: RunConfig, dataset: TensorDataset, public: np.ndarray) -> dict[str, Any]:
     """Everything that determines the pretrained weights."""
-    return {"version": PRETRAIN_FORMAT_VERSION, "dataset": config.dataset,
-            "dataset_options": config.dataset_options(), "dataset_source": dataset.source,
-            "input_shape": list(dataset.input_shape), "num_classes": dataset.num_classes,
-            "model": config.model, "model_options": config.model_options(),
-            "public_frac": config.public_frac, "seed": config.seed,
-            "public_indices": indices_digest(public), "epochs": config.pretrain_epochs,
-            "lr": config.pretrain_lr, "batch_size": PRETRAIN_BATCH_SIZE,
-            "weight_decay": PRETRAIN_WEIGHT_DECAY, "val_frac": PRETRAIN_VAL_FRAC}
+    return {
+        "version": PRETRAIN_FORMAT_VERSION,
+        "dataset": config.dataset,
+        "dataset_options": config.dataset_options(),
+        "dataset_source": dataset.source,
+        "input_shape": list(dataset.input_shape),
+        "num_classes": dataset.num_classes,
+        "model": config.model,
+        "model_options": config.model_options(),
+        "public_frac": config.public_frac,
+        "seed": config.seed,
+        "public_indices": indices_digest(public),
+        "epochs": config.pretrain_epochs,
+        "lr": config.pretrain_lr,
+        "batch_size": PRETRAIN_BATCH_SIZE,
+        "weight_decay": PRETRAIN_WEIGHT_DECAY,
+        "val_frac": PRETRAIN_VAL_FRAC,
+    }
 
 
 def backbone_path(config: RunConfig, key: dict[str, Any]) -> Path:
@@ -81,8 +92,7 @@ class PretrainedBackbone:
     from_cache: bool
 
 
-def train_centrally(model: nn.Module, data: FederatedData, epochs: int, lr: float,
-                    generator: torch.Generator) -> None:
+def train_centrally(model: nn.Module, data: FederatedData, epochs: int, lr: float, generator: torch.Generator) -> None:
     """``epochs`` of AdamW on cross-entropy over ``data``'s one train split (client 0)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=PRETRAIN_WEIGHT_DECAY)
     model.train()
@@ -101,8 +111,9 @@ def split_accuracy(model: nn.Module, data: FederatedData, indices: torch.Tensor)
     return float((model(inputs).argmax(dim=1) == targets).float().mean())
 
 
-def pretrain_backbone(config: RunConfig, dataset: TensorDataset, public: np.ndarray,
-                      device: torch.device) -> PretrainedBackbone:
+def pretrain_backbone(
+    config: RunConfig, dataset: TensorDataset, public: np.ndarray, device: torch.device
+) -> PretrainedBackbone:
     """Train ``config.model`` on the public indices, or find the cached result; returns its file."""
     key = backbone_key(config, dataset, public)
     path = backbone_path(config, key)
@@ -114,8 +125,7 @@ def pretrain_backbone(config: RunConfig, dataset: TensorDataset, public: np.ndar
     train, val = split_train_test(labels, [public], PRETRAIN_VAL_FRAC, rng_stream(config.seed, "public", 1))
     data = FederatedData(dataset, train, val, device)
     torch.manual_seed(derive_seed(config.seed, "public", 2))
-    model = build_model(config.model, dataset.input_shape, dataset.num_classes,
-                        **config.model_options()).to(device)
+    model = build_model(config.model, dataset.input_shape, dataset.num_classes, **config.model_options()).to(device)
     generator = torch.Generator().manual_seed(derive_seed(config.seed, "public", 3))
     train_centrally(model, data, config.pretrain_epochs, config.pretrain_lr, generator)
     accuracy = split_accuracy(model, data, data.test_indices[0])
@@ -126,8 +136,9 @@ def pretrain_backbone(config: RunConfig, dataset: TensorDataset, public: np.ndar
     return PretrainedBackbone(path, accuracy, len(train[0]), len(val[0]), False)
 
 
-def initial_weights(config: RunConfig, dataset: TensorDataset, public: np.ndarray,
-                    device: torch.device, uses_lora: bool) -> tuple[Path | None, dict[str, Any]]:
+def initial_weights(
+    config: RunConfig, dataset: TensorDataset, public: np.ndarray, device: torch.device, uses_lora: bool
+) -> tuple[Path | None, dict[str, Any]]:
     """The weights file the run starts from (None: hub or random init) and how it was obtained.
 
     ``--backbone auto``: ``--weights`` or ``--pretrained`` if given, else a LoRA run pretrains on
@@ -143,19 +154,24 @@ def initial_weights(config: RunConfig, dataset: TensorDataset, public: np.ndarra
         raise ConfigError(
             "LoRA on a random frozen backbone barely learns: give --public-frac F (e.g. 0.2) to "
             "pretrain one on public data no client gets, --weights FILE, --pretrained (network), "
-            "or --backbone random to accept a random init")
+            "or --backbone random to accept a random init"
+        )
     backbone = pretrain_backbone(config, dataset, public, device)
     return backbone.path, {
-        "source": (f"pretrained on public fraction {config.public_frac:g} of {config.dataset} "
-                   f"({backbone.num_train} train / {backbone.num_val} held-back samples, "
-                   f"{config.pretrain_epochs} epochs, AdamW lr {config.pretrain_lr:g}), "
-                   f"cached at {backbone.path}"),
+        "source": (
+            f"pretrained on public fraction {config.public_frac:g} of {config.dataset} "
+            f"({backbone.num_train} train / {backbone.num_val} held-back samples, "
+            f"{config.pretrain_epochs} epochs, AdamW lr {config.pretrain_lr:g}), "
+            f"cached at {backbone.path}"
+        ),
         "public_val_acc": backbone.val_accuracy,
-        "cache": "hit" if backbone.from_cache else "created"}
+        "cache": "hit" if backbone.from_cache else "created",
+    }
 
 
-def load_initial_weights(model: nn.Module, path: Path | None, record: dict[str, Any],
-                         config: RunConfig, public: np.ndarray) -> dict[str, Any]:
+def load_initial_weights(
+    model: nn.Module, path: Path | None, record: dict[str, Any], config: RunConfig, public: np.ndarray
+) -> dict[str, Any]:
     """Load ``path`` (if any) into ``model``; refuse a backbone pretrained on this run's client data."""
     if path is None:
         return record
@@ -166,5 +182,6 @@ def load_initial_weights(model: nn.Module, path: Path | None, record: dict[str, 
             f"{path} was pretrained on a public fraction {key.get('public_frac')} (seed {key.get('seed')}) "
             f"of {config.dataset}; this run would give that data to clients. Use --public-frac "
             f"{key.get('public_frac')} --seed {key.get('seed')}, or let --backbone public build "
-            "a matching one")
+            "a matching one"
+        )
     return {**record, **loaded}

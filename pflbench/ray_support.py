@@ -8,6 +8,7 @@ and ``sweep --ray`` end in one ``Error:`` line saying how to install it (``requi
 with ``num_cpus`` CPUs (default: this machine's). A process that already called ``ray.init``
 (tests, notebooks) keeps its instance.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,15 +36,16 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> ModuleTy
     ray = require_ray()
     if ray.is_initialized():
         return ray
-    options: dict[str, Any] = {"include_dashboard": False, "logging_level": "warning",
-                               "log_to_driver": False}
+    options: dict[str, Any] = {"include_dashboard": False, "logging_level": "warning", "log_to_driver": False}
     if address:
         try:
             ray.init(address=address, **options)
         except (ConnectionError, RuntimeError, ValueError) as error:
-            raise ConfigError(f"--ray-address {address}: could not join a Ray cluster there ({error}); "
-                              "is one running (`ray start --head`)? With token authentication set "
-                              "RAY_AUTH_MODE=token and the cluster's token (~/.ray/auth_token)") from error
+            raise ConfigError(
+                f"--ray-address {address}: could not join a Ray cluster there ({error}); "
+                "is one running (`ray start --head`)? With token authentication set "
+                "RAY_AUTH_MODE=token and the cluster's token (~/.ray/auth_token)"
+            ) from error
     else:
         ray.init(num_cpus=num_cpus or os.cpu_count() or 1, **options)
     return ray

@@ -15,6 +15,7 @@ attempt left nothing in ``--out`` (its files were only on the worker), so a run 
 counted once. A run that raises gets ``error.json`` as in a local sweep; Ctrl-C cancels the
 tasks in flight and marks them ``interrupted`` (rerun the command to resume).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,8 +24,9 @@ import os
 import sys
 import tempfile
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .config import RunConfig
 from .errors import ConfigError
@@ -37,8 +39,10 @@ _LOADED_PLUGINS: dict[str, str] = {}  # source sha256 -> path loaded in this wor
 
 def check_resources(base: RunConfig, cpus_per_run: float, gpus_per_run: float) -> None:
     if base.executor == "ray":
-        raise ConfigError("sweep --ray runs whole runs as Ray tasks; inside them use the default "
-                          "--executor sequential (or drop --ray to run each run's clients on Ray)")
+        raise ConfigError(
+            "sweep --ray runs whole runs as Ray tasks; inside them use the default "
+            "--executor sequential (or drop --ray to run each run's clients on Ray)"
+        )
     if cpus_per_run <= 0 or gpus_per_run < 0:
         raise ConfigError("--cpus-per-run must be > 0 and --gpus-per-run ≥ 0")
     if base.device.startswith("cuda") and gpus_per_run == 0:
@@ -61,9 +65,15 @@ def _load_plugins(plugin_sources: list[tuple[str, bytes]]) -> None:
         _LOADED_PLUGINS[digest] = str(path)
 
 
-def run_task(config: RunConfig, algo_options: dict[str, Any], name: str,
-             plugin_sources: list[tuple[str, bytes]], plugins: tuple[str, ...], argv: list[str],
-             threads: int) -> dict[str, Any]:
+def run_task(
+    config: RunConfig,
+    algo_options: dict[str, Any],
+    name: str,
+    plugin_sources: list[tuple[str, bytes]],
+    plugins: tuple[str, ...],
+    argv: list[str],
+    threads: int,
+) -> dict[str, Any]:
     """One run on a worker (the body of the Ray task). Returns status, summary, error and files."""
     import torch
 
@@ -84,14 +94,20 @@ def run_task(config: RunConfig, algo_options: dict[str, Any], name: str,
             write_json(run_dir / "summary.json", summary)
             result["summary"] = summary
         except Exception as error:  # as a local sweep: recorded, the sweep goes on
-            result.update(status="failed", error={
-                "error_type": type(error).__name__, "message": str(error),
-                "traceback": "".join(traceback.format_exception(error))})
+            result.update(
+                status="failed",
+                error={
+                    "error_type": type(error).__name__,
+                    "message": str(error),
+                    "traceback": "".join(traceback.format_exception(error)),
+                },
+            )
         finally:
             sys.argv = saved_argv
         if run_dir.is_dir():
-            result["files"] = {str(p.relative_to(run_dir)): p.read_bytes()
-                               for p in sorted(run_dir.rglob("*")) if p.is_file()}
+            result["files"] = {
+                str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()
+            }
     return result
 
 
@@ -116,14 +132,23 @@ def accept(run: Any, result: dict[str, Any]) -> dict[str, Any] | None:
         return result["summary"]
     error = result["error"]
     run.status, run.error = "failed", f"{error['error_type']}: {error['message']}"
-    write_json(run.run_dir / "error.json", {
-        **error, "config": {**dataclasses.asdict(run.config), "algo_options": run.algo_options}})
+    write_json(
+        run.run_dir / "error.json",
+        {**error, "config": {**dataclasses.asdict(run.config), "algo_options": run.algo_options}},
+    )
     return None
 
 
-def run_sweep_on_ray(runs: list[Any], record: Path, grid: Any, base: RunConfig, plugins: tuple[str, ...] = (),
-                     report: Callable[[int, Any, dict[str, Any] | None], None] | None = None,
-                     cpus_per_run: float = 1, gpus_per_run: float = 0) -> None:
+def run_sweep_on_ray(
+    runs: list[Any],
+    record: Path,
+    grid: Any,
+    base: RunConfig,
+    plugins: tuple[str, ...] = (),
+    report: Callable[[int, Any, dict[str, Any] | None], None] | None = None,
+    cpus_per_run: float = 1,
+    gpus_per_run: float = 0,
+) -> None:
     """``sweep.run_sweep`` with every unfinished run as a Ray task (see the module docstring)."""
     from .ray_support import connect
     from .sweep import _write_record
@@ -137,8 +162,9 @@ def run_sweep_on_ray(runs: list[Any], record: Path, grid: Any, base: RunConfig, 
     release_pool()  # idle client actors of earlier --executor ray runs would hold CPUs
 
     sources = [(Path(p).name, Path(p).read_bytes()) for p in plugins]
-    task = ray.remote(run_task).options(num_cpus=cpus_per_run, num_gpus=gpus_per_run,
-                                        max_retries=TASK_RETRIES, retry_exceptions=False)
+    task = ray.remote(run_task).options(
+        num_cpus=cpus_per_run, num_gpus=gpus_per_run, max_retries=TASK_RETRIES, retry_exceptions=False
+    )
     record.parent.mkdir(parents=True, exist_ok=True)
     pending: dict[Any, int] = {}
     for index, run in enumerate(runs):
@@ -147,8 +173,9 @@ def run_sweep_on_ray(runs: list[Any], record: Path, grid: Any, base: RunConfig, 
             if report is not None:
                 report(index, run, None)
             continue
-        pending[task.remote(run.config, run.algo_options, run.name, sources, plugins, sys.argv,
-                            max(1, int(cpus_per_run)))] = index
+        pending[
+            task.remote(run.config, run.algo_options, run.name, sources, plugins, sys.argv, max(1, int(cpus_per_run)))
+        ] = index
     _write_record(record, grid, base, runs)
     try:
         while pending:
@@ -159,9 +186,15 @@ def run_sweep_on_ray(runs: list[Any], record: Path, grid: Any, base: RunConfig, 
             except RayError as error:  # the task's retries are spent (worker or node lost)
                 summary, run.status, run.error = None, "failed", f"{type(error).__name__}: {error}"
                 run.run_dir.mkdir(parents=True, exist_ok=True)
-                write_json(run.run_dir / "error.json", {
-                    "error_type": type(error).__name__, "message": str(error), "traceback": "",
-                    "config": {**dataclasses.asdict(run.config), "algo_options": run.algo_options}})
+                write_json(
+                    run.run_dir / "error.json",
+                    {
+                        "error_type": type(error).__name__,
+                        "message": str(error),
+                        "traceback": "",
+                        "config": {**dataclasses.asdict(run.config), "algo_options": run.algo_options},
+                    },
+                )
             _write_record(record, grid, base, runs)
             if report is not None:
                 report(runs.index(run), run, summary)

@@ -4,6 +4,7 @@ Built-in and third-party plugins register the same way: a module decorated with
 ``@register_algorithm("name")`` (etc.) is imported through the entry-point group
 ``pflbench.<kind>`` (loaded lazily on first lookup) or from a file with ``load_plugin_file``.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -11,13 +12,13 @@ import hashlib
 import importlib.util
 import re
 import sys
+from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from .errors import ConfigError
-
 
 _registration_log: list[tuple[str, str]] = []
 
@@ -32,7 +33,8 @@ def check_name(kind: str, name: Any) -> str:
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise ConfigError(
             f"{kind} name {name!r} is not allowed: use 1-64 lower-case letters, digits, "
-            "'_', '.' or '-', starting with a letter or digit (e.g. 'my_algo')")
+            "'_', '.' or '-', starting with a letter or digit (e.g. 'my_algo')"
+        )
     return name
 
 
@@ -59,8 +61,10 @@ class Registry:
         def decorator(obj: Any) -> Any:
             existing = self._items.get(name)
             if existing is not None and _origin(existing) != _origin(obj):
-                raise ConfigError(f"{self.kind} {name!r} is registered twice: by {_origin(existing)} "
-                                  f"and by {_origin(obj)}; rename one of them")
+                raise ConfigError(
+                    f"{self.kind} {name!r} is registered twice: by {_origin(existing)} "
+                    f"and by {_origin(obj)}; rename one of them"
+                )
             self._items[name] = obj  # re-importing the same file replaces its own entry
             _registration_log.append((self.kind, name))
             return obj
@@ -75,8 +79,7 @@ class Registry:
             try:
                 entry_point.load()
             except Exception as error:  # a broken third-party plugin must not hide the others
-                print(f"warning: could not load {self.kind} plugin {entry_point.value!r}: {error}",
-                      file=sys.stderr)
+                print(f"warning: could not load {self.kind} plugin {entry_point.value!r}: {error}", file=sys.stderr)
 
     @property
     def items(self) -> Mapping[str, Any]:
@@ -91,8 +94,7 @@ class Registry:
         if name not in items:
             close = difflib.get_close_matches(name, list(items), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(
-                f"unknown {self.kind} {name!r}{hint}; valid choices: {', '.join(sorted(items))}")
+            raise ConfigError(f"unknown {self.kind} {name!r}{hint}; valid choices: {', '.join(sorted(items))}")
         return items[name]
 
 
@@ -144,16 +146,19 @@ def load_plugin_file(path: str | Path) -> None:
         raise ConfigError(f"--plugin {str(path)!r}: {error}") from error
     except SystemExit as error:  # sys.exit()/exit() at import time must not end pflbench
         sys.modules.pop(module_name, None)
-        raise ConfigError(f"--plugin {str(path)!r} called sys.exit({error.code!r}) while being "
-                          "imported; a plugin file must only define and register") from None
+        raise ConfigError(
+            f"--plugin {str(path)!r} called sys.exit({error.code!r}) while being "
+            "imported; a plugin file must only define and register"
+        ) from None
     except Exception as error:
         sys.modules.pop(module_name, None)
         message = " ".join(str(error).split())[:300]
-        raise ConfigError(
-            f"--plugin {str(path)!r} failed to import: {type(error).__name__}: {message}") from error
+        raise ConfigError(f"--plugin {str(path)!r} failed to import: {type(error).__name__}: {message}") from error
     if len(_registration_log) == log_start:
-        raise ConfigError(f"--plugin {str(path)!r} registers nothing; decorate a class with "
-                          "@register_algorithm('name') (or register_dataset / register_model)")
+        raise ConfigError(
+            f"--plugin {str(path)!r} registers nothing; decorate a class with "
+            "@register_algorithm('name') (or register_dataset / register_model)"
+        )
 
 
 REGISTRIES = (ALGORITHMS, DATASETS, MODELS, PARTITIONERS)
@@ -174,9 +179,16 @@ def _decorated_names(source: str, kind: str) -> list[tuple[str, str]]:
             name = getattr(call.func, "id", None) or getattr(call.func, "attr", None)
             if name == f"register_{kind}" and call.args and isinstance(call.args[0], ast.Constant):
                 doc = (ast.get_docstring(node) or "").strip().splitlines()
-                paper = next((stmt.value.value for stmt in getattr(node, "body", [])
-                              if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant)
-                              and any(getattr(t, "id", None) == "paper" for t in stmt.targets)), "")
+                paper = next(
+                    (
+                        stmt.value.value
+                        for stmt in getattr(node, "body", [])
+                        if isinstance(stmt, ast.Assign)
+                        and isinstance(stmt.value, ast.Constant)
+                        and any(getattr(t, "id", None) == "paper" for t in stmt.targets)
+                    ),
+                    "",
+                )
                 line = doc[0] if doc else ""
                 found.append((str(call.args[0].value), f"{line} [{paper!s}]" if paper else line))
     return found
@@ -194,8 +206,9 @@ def describe(registry: Registry, plugin_files: tuple[str, ...] = ()) -> dict[str
     statically is imported instead."""
     import importlib.util
 
-    kind = {"algorithm": "algorithm", "dataset": "dataset", "model": "model",
-            "partitioner": "partitioner"}[registry.kind]
+    kind = {"algorithm": "algorithm", "dataset": "dataset", "model": "model", "partitioner": "partitioner"}[
+        registry.kind
+    ]
     sources: list[tuple[str, str | None]] = []
     for entry_point in entry_points(group=registry.entry_point_group):
         module = entry_point.value.split(":")[0]
@@ -212,15 +225,20 @@ def describe(registry: Registry, plugin_files: tuple[str, ...] = ()) -> dict[str
         except (OSError, SyntaxError, UnicodeDecodeError):
             found = []
         if origin in plugin_files:  # loaded (and validated) already: read the registry
-            found = [(name, ((item.__doc__ or "").strip().splitlines() or [""])[0])
-                     for name, item in registry._items.items() if _from_file(item, origin)]
+            found = [
+                (name, ((item.__doc__ or "").strip().splitlines() or [""])[0])
+                for name, item in registry._items.items()
+                if _from_file(item, origin)
+            ]
         elif not found:  # registered dynamically: import and read the registry
             before = set(registry._items)
             try:
                 importlib.import_module(module)
             except Exception as error:  # a broken plugin must not hide the others
                 print(f"warning: could not load {registry.kind} plugin {module!r}: {error}", file=sys.stderr)
-            found = [(name, ((registry._items[name].__doc__ or "").strip().splitlines() or [""])[0])
-                     for name in set(registry._items) - before]
+            found = [
+                (name, ((registry._items[name].__doc__ or "").strip().splitlines() or [""])[0])
+                for name in set(registry._items) - before
+            ]
         described.update(found)
     return dict(sorted(described.items()))

@@ -8,6 +8,7 @@ goes to ``OUT/reruns/<run name>-<YYYYmmdd-HHMMSS>/runs/<run name>/`` beside the 
 ``compare_rounds`` then checks the metrics against the original's ``rounds.jsonl`` (timings
 aside): on the CPU they are identical.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -65,8 +66,7 @@ def read_run(run_dir: str | Path) -> RecordedRun:
     except TypeError as error:
         raise ConfigError(f"{path}: {error}") from None
     options = {k: _tuples(v) for k, v in (record.get("algo_hparams") or {}).items()}
-    return RecordedRun(run_dir, config, options, tuple(record.get("plugins") or ()),
-                       record.get("identity_hash"))
+    return RecordedRun(run_dir, config, options, tuple(record.get("plugins") or ()), record.get("identity_hash"))
 
 
 def default_rerun_out(run_dir: Path) -> Path:
@@ -81,8 +81,9 @@ def default_rerun_out(run_dir: Path) -> Path:
     return path
 
 
-def prepare_rerun(run_dir: str | Path, out: str | Path | None = None,
-                  overrides: dict[str, Any] | None = None) -> tuple[Any, RecordedRun]:
+def prepare_rerun(
+    run_dir: str | Path, out: str | Path | None = None, overrides: dict[str, Any] | None = None
+) -> tuple[Any, RecordedRun]:
     """Load the plugins, rebuild the run into ``out`` (default ``default_rerun_out``) and check
     that its folder is not the original and is still empty. ``overrides``: RunConfig settings
     that do not change the numbers (``save_model``, ``log``, ``mlflow_uri``, ``device``)."""
@@ -98,11 +99,12 @@ def prepare_rerun(run_dir: str | Path, out: str | Path | None = None,
     target = Path(out) if out is not None else default_rerun_out(recorded.run_dir)
     config = dataclasses.replace(recorded.config, out=str(target), **(overrides or {}))
     prepared = prepare(config, recorded.algo_options)
-    prepared.resolved["rerun_of"] = {"run_dir": str(recorded.run_dir.resolve()),
-                                     "identity_hash": recorded.identity_hash}
+    prepared.resolved["rerun_of"] = {
+        "run_dir": str(recorded.run_dir.resolve()),
+        "identity_hash": recorded.identity_hash,
+    }
     if prepared.run_dir.resolve() == recorded.run_dir.resolve():
-        raise ConfigError(f"--out {target} would overwrite the original run {recorded.run_dir}; "
-                          "choose another --out")
+        raise ConfigError(f"--out {target} would overwrite the original run {recorded.run_dir}; choose another --out")
     if (prepared.run_dir / "config.json").exists():
         raise ConfigError(f"{prepared.run_dir} already holds a run; choose another --out")
     return prepared, recorded
@@ -110,8 +112,11 @@ def prepare_rerun(run_dir: str | Path, out: str | Path | None = None,
 
 def read_rounds(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "rounds.jsonl"
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS}
-            for line in path.read_text().splitlines() if line.strip()]
+    return [
+        {k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS}
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
 
 
 def compare_rounds(original: str | Path, rerun: str | Path) -> list[str]:

@@ -4,6 +4,7 @@ The writer fills the run's work folder (``rundir``: ``OUT/runs/.tmp-NAME``), whi
 ``OUT/runs/NAME`` once summary.json is written: a folder with summary.json is a whole run.
 summary.json's ``status`` is ``completed`` or ``diverged``.
 """
+
 from __future__ import annotations
 
 import csv

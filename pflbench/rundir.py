@@ -14,6 +14,7 @@ not touched for ``CLAIM_STALE_S`` (the owner touches it every round); a stale cl
 Only the claim holder writes into ``.tmp-NAME``, so its name is fixed and a later process (with
 ``--resume``, or a sweep) finds the checkpoint there.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -183,8 +184,15 @@ class Claim:
     def acquire(self) -> None:
         path = self.paths.claim
         path.parent.mkdir(parents=True, exist_ok=True)
-        body = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
-                           "proc_start": process_start(os.getpid()), "run": self.paths.name})
+        body = json.dumps(
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": time.time(),
+                "proc_start": process_start(os.getpid()),
+                "run": self.paths.name,
+            }
+        )
         for _ in range(5):
             handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
             try:
@@ -199,8 +207,10 @@ class Claim:
                 Path(temporary).unlink(missing_ok=True)
             owner = claim_owner(self.paths)
             if owner is not None:
-                raise RunClaimed(f"run {self.paths.name} is being run by {describe_owner(owner)} "
-                                 f"(claim {path}); wait for it, or delete the claim if that process is gone")
+                raise RunClaimed(
+                    f"run {self.paths.name} is being run by {describe_owner(owner)} "
+                    f"(claim {path}); wait for it, or delete the claim if that process is gone"
+                )
             self._take_over_stale()
         raise RunClaimed(f"could not claim run {self.paths.name} ({path} keeps changing)")
 
@@ -250,12 +260,16 @@ def guard_run(paths: RunPaths, force: bool, check_claim: bool = True) -> None:
     summary = paths.finished()
     if summary is not None and not force:
         status = summary.get("status", "completed") if isinstance(summary, dict) else "completed"
-        raise RunFinished(f"{paths.final} already holds a finished run (status {status}); "
-                          "use --force to redo it (the result is replaced only when the new run completes)")
+        raise RunFinished(
+            f"{paths.final} already holds a finished run (status {status}); "
+            "use --force to redo it (the result is replaced only when the new run completes)"
+        )
     owner = claim_owner(paths) if check_claim else None
     if owner is not None:
-        raise RunClaimed(f"run {paths.name} is being run by {describe_owner(owner)}; "
-                         f"wait for it, or delete {paths.claim} if that process is gone")
+        raise RunClaimed(
+            f"run {paths.name} is being run by {describe_owner(owner)}; "
+            f"wait for it, or delete {paths.claim} if that process is gone"
+        )
 
 
 def fresh_work_folder(paths: RunPaths) -> Path:

@@ -9,14 +9,16 @@ once. Folders that are unfinished (no ``summary.json``), failed (``error.json``)
 warning naming the folder; ``include_abnormal=True`` keeps the not-normal ones, flagged in the
 ``status`` column so that tables show them on rows of their own.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import math
 import warnings
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import pandas as pd
 
@@ -27,8 +29,20 @@ COLUMNS = ("run", "algo", "dataset", "alpha", "seed", "round", "metric", "value"
 SUMMARY_NON_METRICS = {"alpha", "seed", "num_clients", "rounds", "evaluations"}
 ROUND_NON_METRICS = {"round", "clients"}
 NORMAL_STATUS = (None, "completed", "ok")
-RUN_IDENTITY_EXCLUDED = {"out", "command", "plugins", "resolved", "versions", "git_commit",
-                         "started", "finished", "started_at", "finished_at", "wall_time_s", "hostname"}
+RUN_IDENTITY_EXCLUDED = {
+    "out",
+    "command",
+    "plugins",
+    "resolved",
+    "versions",
+    "git_commit",
+    "started",
+    "finished",
+    "started_at",
+    "finished_at",
+    "wall_time_s",
+    "hostname",
+}
 MAX_JSON_BYTES = 16 * 2**20
 MAX_ROUNDS_BYTES = 256 * 2**20
 
@@ -84,8 +98,9 @@ def flat_config(config: dict[str, Any]) -> dict[str, Any]:
     """``config.json`` as one flat mapping: settings kept in groups (``{"data": {...}}``) are
     lifted to the top level (top-level keys win); ``algo_hparams`` and the excluded keys stay."""
     flat: dict[str, Any] = {}
-    groups = [k for k, v in config.items() if isinstance(v, dict) and k != "algo_hparams"
-              and k not in RUN_IDENTITY_EXCLUDED]
+    groups = [
+        k for k, v in config.items() if isinstance(v, dict) and k != "algo_hparams" and k not in RUN_IDENTITY_EXCLUDED
+    ]
     for group in groups:
         flat.update(config[group])
     flat.update({k: v for k, v in config.items() if k not in groups})
@@ -100,8 +115,7 @@ def setting_of(config: dict[str, Any]) -> dict[str, Any]:
         run = {k: v for k, v in identity.items() if k not in (*GRID_AXES, "algo_hparams")}
         return {"run": run, "algo_hparams": dict(identity.get("algo_hparams") or {})}
     flat = flat_config(config)
-    run = {k: v for k, v in flat.items()
-           if k not in (*GRID_AXES, "algo_hparams") and k not in RUN_IDENTITY_EXCLUDED}
+    run = {k: v for k, v in flat.items() if k not in (*GRID_AXES, "algo_hparams") and k not in RUN_IDENTITY_EXCLUDED}
     return {"run": run, "algo_hparams": dict(flat.get("algo_hparams") or {})}
 
 
@@ -165,14 +179,18 @@ def read_run(folder: Path) -> tuple[str, str | None, list[tuple[Any, ...]]]:
         raise ValueError("config.json or rounds.jsonl is nested too deeply") from None
     status = run_status(summary)
     head = (folder.name, *head_values)
-    rows = [(*head, None, k, v, key, status) for k, v in summary.items()
-            if k not in SUMMARY_NON_METRICS and _is_number(v)]
+    rows = [
+        (*head, None, k, v, key, status) for k, v in summary.items() if k not in SUMMARY_NON_METRICS and _is_number(v)
+    ]
     for record in records:
         number = record.get("round") if isinstance(record, dict) else None
         if not isinstance(number, int) or isinstance(number, bool) or not 0 <= number < 2**53:
             raise ValueError("rounds.jsonl has a record without a round number")
-        rows += [(*head, record["round"], k, v, key, status) for k, v in record.items()
-                 if k not in ROUND_NON_METRICS and isinstance(k, str) and _is_number(v)]
+        rows += [
+            (*head, record["round"], k, v, key, status)
+            for k, v in record.items()
+            if k not in ROUND_NON_METRICS and isinstance(k, str) and _is_number(v)
+        ]
     return identity, status, rows
 
 
@@ -180,8 +198,9 @@ def _warn(message: str) -> None:
     warnings.warn(message, RunFolderWarning, stacklevel=3)
 
 
-def load_runs(paths: str | Path | Iterable[str | Path], warn: Callable[[str], None] = _warn,
-              include_abnormal: bool = False) -> pd.DataFrame:
+def load_runs(
+    paths: str | Path | Iterable[str | Path], warn: Callable[[str], None] = _warn, include_abnormal: bool = False
+) -> pd.DataFrame:
     """Every finished run under ``paths``, each once, as one tidy frame; the others are skipped
     with a warning (``include_abnormal``: runs whose status is not normal are kept, flagged)."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
@@ -210,5 +229,4 @@ def load_runs(paths: str | Path | Iterable[str | Path], warn: Callable[[str], No
         rows += run_rows
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
     frame["value"] = pd.to_numeric(frame["value"], errors="coerce")
-    return frame.astype({"round": "Int64", "value": "float64", "alpha": "float64", "seed": "int64",
-                         "status": "object"})
+    return frame.astype({"round": "Int64", "value": "float64", "alpha": "float64", "seed": "int64", "status": "object"})

@@ -1,29 +1,40 @@
 """Build a run from a RunConfig and execute it, as a straight pipeline of named stages:
 resolve → validate → data → partition → initial weights → model → algorithm → executor; then the
 federation's rounds with the result writer (and any other observers) watching."""
+
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 import os
 import platform
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import torch
 
 from . import __version__
-from .config import (PartitionSpec, RunConfig, hyperparameters_from, identity_hash, resolve, run_identity,
-                     run_name, validate, with_base_defaults)
-from .data import FederatedData, TensorDataset, load_dataset
 from .cache import warn
 from .checkpoint import CHECKPOINT_FILE, CheckpointObserver, load_checkpoint, restore_checkpoint
+from .config import (
+    PartitionSpec,
+    RunConfig,
+    hyperparameters_from,
+    identity_hash,
+    resolve,
+    run_identity,
+    run_name,
+    validate,
+    with_base_defaults,
+)
+from .data import FederatedData, TensorDataset, load_dataset
 from .defaults import model_family
 from .engine import EXECUTORS, Algorithm, Diverged, Executor, Federation, Observer, RunObserver
 from .engine.executor import make_executor
@@ -50,9 +61,12 @@ class Partition:
     public: np.ndarray  # held out for pretraining, given to no client (--public-frac)
 
     def to_json(self) -> dict[str, Any]:
-        return {"train_indices": [s.tolist() for s in self.train],
-                "test_indices": [s.tolist() for s in self.test],
-                "public_indices": self.public.tolist(), "stats": self.stats}
+        return {
+            "train_indices": [s.tolist() for s in self.train],
+            "test_indices": [s.tolist() for s in self.test],
+            "public_indices": self.public.tolist(),
+            "stats": self.stats,
+        }
 
 
 def make_partition(spec: PartitionSpec | RunConfig, dataset: TensorDataset) -> Partition:
@@ -64,14 +78,20 @@ def make_partition(spec: PartitionSpec | RunConfig, dataset: TensorDataset) -> P
     preset = preset_partition(config, dataset)  # --partition-file, or a dataset's own client split
     if preset is not None:
         stats = partition_stats(labels, preset.train, preset.test, dataset.num_classes)
-        return Partition(preset.train, preset.test, {**stats, "public_samples": len(preset.public)},
-                         preset.public)
+        return Partition(preset.train, preset.test, {**stats, "public_samples": len(preset.public)}, preset.public)
     pool, public = public_split(labels, config.public_frac, config.seed)
     groups = None if dataset.groups is None else np.asarray(dataset.groups)[pool]
-    clients = partition(config.partition, labels[pool], config.num_clients,
-                        rng_stream(config.seed, "partition"), alpha=config.alpha,
-                        min_size=config.min_size, shards_per_client=config.shards_per_client,
-                        groups=groups, cut=config.dirichlet_cut)
+    clients = partition(
+        config.partition,
+        labels[pool],
+        config.num_clients,
+        rng_stream(config.seed, "partition"),
+        alpha=config.alpha,
+        min_size=config.min_size,
+        shards_per_client=config.shards_per_client,
+        groups=groups,
+        cut=config.dirichlet_cut,
+    )
     clients = [pool[indices] for indices in clients]
     train, test = split_train_test(labels, clients, config.test_frac, rng_stream(config.seed, "split"))
     stats = {**partition_stats(labels, train, test, dataset.num_classes), "public_samples": len(public)}
@@ -92,8 +112,16 @@ def resolve_device(name: str) -> torch.device:
 
 def git_commit() -> str | None:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent, timeout=5).stdout.strip() or None
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).resolve().parent,
+                timeout=5,
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -118,8 +146,7 @@ class PreparedRun:
         return self.algorithm.hparams
 
 
-def check_model(config: RunConfig, algorithm_class: type[Algorithm], hparams: Any,
-                dataset: TensorDataset) -> None:
+def check_model(config: RunConfig, algorithm_class: type[Algorithm], hparams: Any, dataset: TensorDataset) -> None:
     """Build and transform a throwaway model, so that bad model options, LoRA targets or ranks
     fail before any expensive stage (pretraining)."""
     with torch.random.fork_rng(devices=[]):
@@ -127,9 +154,12 @@ def check_model(config: RunConfig, algorithm_class: type[Algorithm], hparams: An
         algorithm_class.configure_model(model, config, hparams)
 
 
-def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None,
-            shared_defaults: dict[str, Any] | None = None,
-            guard: Callable[[Path], None] | None = None) -> PreparedRun:
+def prepare(
+    config: RunConfig,
+    algo_options: dict[str, Any] | None = None,
+    shared_defaults: dict[str, Any] | None = None,
+    guard: Callable[[Path], None] | None = None,
+) -> PreparedRun:
     """Resolve, validate and build everything; nothing is written yet.
 
     Unset settings (``None``) take the algorithm's run defaults (``Algorithm.run_defaults``), then
@@ -142,14 +172,18 @@ def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None,
     validate(config)
     algorithm_class.check_config(config, hparams)
     if config.finetune_epochs and not algorithm_class.has_global_model:
-        raise ConfigError(f"--finetune-epochs fine-tunes the global model, and --algo {config.algo} "
-                          "has none; leave it at 0")
+        raise ConfigError(
+            f"--finetune-epochs fine-tunes the global model, and --algo {config.algo} has none; leave it at 0"
+        )
     if config.executor not in EXECUTORS:
         raise ConfigError(f"--executor {config.executor!r} is not one of: {', '.join(EXECUTORS)}")
     getattr(EXECUTORS[config.executor], "check", lambda: None)()  # e.g. Ray installed
     lora_rank = algorithm_class.lora_rank(config, hparams)
-    resolved: dict[str, Any] = {"run_defaults": applied, "defaults_family": model_family(config.model),
-                                "threads": apply_threads(config.threads)}
+    resolved: dict[str, Any] = {
+        "run_defaults": applied,
+        "defaults_family": model_family(config.model),
+        "threads": apply_threads(config.threads),
+    }
     if config.log:
         check_trackers(config.log)  # an unknown tracker or a missing library fails before any work
     device = resolve_device(config.device)
@@ -165,8 +199,9 @@ def prepare(config: RunConfig, algo_options: dict[str, Any] | None = None,
         check_model(config, algorithm_class, hparams, dataset)
     weights, backbone = initial_weights(config, dataset, split.public, device, lora_rank is not None)
     torch.manual_seed(derive_seed(config.seed, "init"))
-    model = build_model(config.model, dataset.input_shape, dataset.num_classes,
-                        pretrained=config.pretrained, **config.model_options())
+    model = build_model(
+        config.model, dataset.input_shape, dataset.num_classes, pretrained=config.pretrained, **config.model_options()
+    )
     resolved["backbone"] = load_initial_weights(model, weights, backbone, config, split.public)
     resolved.update(algorithm_class.configure_model(model, config, hparams))
     model.to(device)
@@ -207,8 +242,12 @@ def config_record(prepared: PreparedRun, plugins: tuple[str, ...] = ()) -> dict[
             **prepared.resolved,
             **algorithm.run_info(),
         },
-        "versions": {"pflbench": __version__, "python": platform.python_version(),
-                     "torch": torch.__version__, "numpy": np.__version__},
+        "versions": {
+            "pflbench": __version__,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+        },
         "git_commit": git_commit(),
         "command": sys.argv,
     }
@@ -232,8 +271,10 @@ class RunDiverged(RuntimeError):
         self.summary = summary
         d = summary["diverged"]
         where = f"client {d['client']}, " if d["client"] is not None else ""
-        super().__init__(f"run diverged at round {d['round']} ({where}{d['term']} is not finite); "
-                         f"partial results with status 'diverged' in {summary['run_dir']}")
+        super().__init__(
+            f"run diverged at round {d['round']} ({where}{d['term']} is not finite); "
+            f"partial results with status 'diverged' in {summary['run_dir']}"
+        )
 
 
 class _KillAfterRound(Observer):
@@ -247,13 +288,18 @@ class _KillAfterRound(Observer):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _start(prepared: PreparedRun, federation: Federation, paths: RunPaths, identity: str,
-           resume: bool, plugins: tuple[str, ...]) -> tuple[RunWriter, list[dict[str, Any]], dict[str, Any]]:
+def _start(
+    prepared: PreparedRun,
+    federation: Federation,
+    paths: RunPaths,
+    identity: str,
+    resume: bool,
+    plugins: tuple[str, ...],
+) -> tuple[RunWriter, list[dict[str, Any]], dict[str, Any]]:
     """Resume from the work folder's checkpoint (``resume``), else start an empty work folder."""
     checkpoint = paths.work / CHECKPOINT_FILE
     if not resume and checkpoint.is_file():
-        warn(f"{paths.work} holds an unfinished run with a checkpoint; starting it over "
-             "(--resume continues it)")
+        warn(f"{paths.work} holds an unfinished run with a checkpoint; starting it over (--resume continues it)")
     entry = load_checkpoint(checkpoint, identity) if resume and paths.work.is_dir() else None
     if entry is not None:
         tensors, meta = entry
@@ -274,9 +320,15 @@ def _start(prepared: PreparedRun, federation: Federation, paths: RunPaths, ident
     return writer, [], before
 
 
-def execute(prepared: PreparedRun, on_round: Callable[[dict[str, Any]], None] | None = None,
-            plugins: tuple[str, ...] = (), observers: Sequence[RunObserver] = (), *,
-            force: bool = False, resume: bool = False) -> dict[str, Any]:
+def execute(
+    prepared: PreparedRun,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+    plugins: tuple[str, ...] = (),
+    observers: Sequence[RunObserver] = (),
+    *,
+    force: bool = False,
+    resume: bool = False,
+) -> dict[str, Any]:
     """Run the rounds into ``OUT/runs/.tmp-NAME`` and move the folder to ``OUT/runs/NAME`` when
     complete (``rundir``); returns the summary.
 
@@ -297,14 +349,24 @@ def execute(prepared: PreparedRun, on_round: Callable[[dict[str, Any]], None] | 
             raise
 
 
-def _execute_claimed(prepared: PreparedRun, paths: RunPaths, claim: Claim,
-                     on_round: Callable[[dict[str, Any]], None] | None, plugins: tuple[str, ...],
-                     observers: Sequence[RunObserver], resume: bool, trackers: list[Any]) -> dict[str, Any]:
+def _execute_claimed(
+    prepared: PreparedRun,
+    paths: RunPaths,
+    claim: Claim,
+    on_round: Callable[[dict[str, Any]], None] | None,
+    plugins: tuple[str, ...],
+    observers: Sequence[RunObserver],
+    resume: bool,
+    trackers: list[Any],
+) -> dict[str, Any]:
     config = prepared.config
     identity = identity_hash(run_identity(config, type(prepared.algorithm), prepared.algorithm.hparams))
     done = read_json(paths.work / "summary.json") if resume else None
-    if isinstance(done, dict) and done.get("status") == "completed" and \
-            (read_json(paths.work / "config.json") or {}).get("identity_hash") == identity:
+    if (
+        isinstance(done, dict)
+        and done.get("status") == "completed"
+        and (read_json(paths.work / "config.json") or {}).get("identity_hash") == identity
+    ):
         publish(paths)  # killed between writing summary.json and moving the folder into place
         return done
     federation = Federation(prepared.algorithm, prepared.executor, prepared.data.num_test)
@@ -313,27 +375,44 @@ def _execute_claimed(prepared: PreparedRun, paths: RunPaths, claim: Claim,
     at_work = SimpleNamespace(config=config, run_dir=paths.work, hparams=prepared.algorithm.hparams)
     trackers.extend(make_trackers(config.log, at_work, config.mlflow_uri))
     observers = [*trackers, *observers]
-    checkpointer = CheckpointObserver(paths.work / CHECKPOINT_FILE, federation, identity,
-                                      config.checkpoint_every, writer, before, claim)
+    checkpointer = CheckpointObserver(
+        paths.work / CHECKPOINT_FILE, federation, identity, config.checkpoint_every, writer, before, claim
+    )
     kill_after = os.environ.get("PFLBENCH_TEST_KILL_AFTER_ROUND")
-    federation.observers = [WriterObserver(writer, records), checkpointer, *observers,
-                            *([RoundCallback(on_round)] if on_round else []),
-                            *([_KillAfterRound(int(kill_after))] if kill_after else [])]
+    federation.observers = [
+        WriterObserver(writer, records),
+        checkpointer,
+        *observers,
+        *([RoundCallback(on_round)] if on_round else []),
+        *([_KillAfterRound(int(kill_after))] if kill_after else []),
+    ]
     for observer in federation.observers:
         observer.on_run_start(prepared)
     started = time.perf_counter()
 
     def base_summary() -> dict[str, Any]:
-        return {"algo": config.algo, "dataset": config.dataset, "alpha": config.alpha,
-                "partition": config.partition, "seed": config.seed, "num_clients": config.num_clients,
-                "model": config.model}
+        return {
+            "algo": config.algo,
+            "dataset": config.dataset,
+            "alpha": config.alpha,
+            "partition": config.partition,
+            "seed": config.seed,
+            "num_clients": config.num_clients,
+            "model": config.model,
+        }
 
     try:
         client_accuracy = federation.run()
     except Diverged as diverged:
-        summary = {"status": "diverged", "diverged": diverged.to_json(), **base_summary(),
-                   **summarize(records), **before, "wall_time_s": time.perf_counter() - started,
-                   "run_dir": str(paths.final)}
+        summary = {
+            "status": "diverged",
+            "diverged": diverged.to_json(),
+            **base_summary(),
+            **summarize(records),
+            **before,
+            "wall_time_s": time.perf_counter() - started,
+            "run_dir": str(paths.final),
+        }
         writer.write_summary(summary)
         (paths.work / CHECKPOINT_FILE).unlink(missing_ok=True)
         publish(paths)
@@ -343,16 +422,34 @@ def _execute_claimed(prepared: PreparedRun, paths: RunPaths, claim: Claim,
         getattr(prepared.executor, "close", lambda: None)()  # e.g. Ray actors back to the pool
     stats = prepared.partition.stats
     report, client_columns = prepared.algorithm.final_report()
-    writer.write_clients([
-        {"client": k, "train_samples": stats["train_samples"][k], "test_samples": stats["test_samples"][k],
-         "classes": stats["classes_per_client"][k], "pers_acc": float(client_accuracy[k]),
-         **({"pers_acc_ft": float(federation.finetune_accuracy[k])}
-            if federation.finetune_accuracy is not None else {}),
-         **{column: values[k] for column, values in client_columns.items()}}
-        for k in range(config.num_clients)])
-    summary = {"status": "completed", **base_summary(), **summarize(records), **before, **report,
-               "wall_time_s": time.perf_counter() - started, **checkpointer.report(),
-               "run_dir": str(paths.final)}
+    writer.write_clients(
+        [
+            {
+                "client": k,
+                "train_samples": stats["train_samples"][k],
+                "test_samples": stats["test_samples"][k],
+                "classes": stats["classes_per_client"][k],
+                "pers_acc": float(client_accuracy[k]),
+                **(
+                    {"pers_acc_ft": float(federation.finetune_accuracy[k])}
+                    if federation.finetune_accuracy is not None
+                    else {}
+                ),
+                **{column: values[k] for column, values in client_columns.items()},
+            }
+            for k in range(config.num_clients)
+        ]
+    )
+    summary = {
+        "status": "completed",
+        **base_summary(),
+        **summarize(records),
+        **before,
+        **report,
+        "wall_time_s": time.perf_counter() - started,
+        **checkpointer.report(),
+        "run_dir": str(paths.final),
+    }
     if config.save_model:  # before summary.json: a finished run folder holds its models
         from .model_export import save_models
 
@@ -365,9 +462,14 @@ def _execute_claimed(prepared: PreparedRun, paths: RunPaths, claim: Claim,
     return summary
 
 
-def run_experiment(config: RunConfig, algo_options: dict[str, Any] | None = None,
-                   on_round: Callable[[dict[str, Any]], None] | None = None,
-                   observers: Sequence[RunObserver] = (), *, force: bool = False,
-                   resume: bool = False) -> dict[str, Any]:
+def run_experiment(
+    config: RunConfig,
+    algo_options: dict[str, Any] | None = None,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+    observers: Sequence[RunObserver] = (),
+    *,
+    force: bool = False,
+    resume: bool = False,
+) -> dict[str, Any]:
     """Library entry point: prepare (resolving unset settings as the CLI does) and execute."""
     return execute(prepare(config, algo_options), on_round, observers=observers, force=force, resume=resume)

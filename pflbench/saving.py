@@ -29,6 +29,7 @@ go into peft's ``rank_pattern`` / ``alpha_pattern``. A layer class that adds bra
 gated private pair) is exported through its ``delta_weight()`` (an exact SVD factorisation at
 its numerical rank, computed in float64). The trained head goes in as peft ``modules_to_save``.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,9 @@ import os
 import re
 import tempfile
 from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -51,6 +53,7 @@ PEFT_PREFIX = "base_model.model."
 
 
 # --------------------------------------------------------------------------- atomic writes
+
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file in the same folder + ``os.replace``."""
@@ -84,17 +87,23 @@ def _plain(tensors: Mapping[str, torch.Tensor], what: str) -> Tensors:
 def _encode(tensors: Tensors, fmt: str, metadata: dict[str, str] | None = None) -> bytes:
     if fmt == "safetensors":
         from safetensors.torch import save
+
         return save(tensors, metadata=metadata)
     if fmt == "torch":
         import io
+
         buffer = io.BytesIO()
         torch.save(tensors, buffer)
         return buffer.getvalue()
     raise ValueError(f"unknown model file format {fmt!r}; choose from {', '.join(FORMATS)}")
 
 
-def save_tensors(path: str | Path, tensors: Mapping[str, torch.Tensor], fmt: str = "safetensors",
-                 metadata: dict[str, str] | None = None) -> None:
+def save_tensors(
+    path: str | Path,
+    tensors: Mapping[str, torch.Tensor],
+    fmt: str = "safetensors",
+    metadata: dict[str, str] | None = None,
+) -> None:
     """Atomically write a ``{name: tensor}`` dict as safetensors or a ``weights_only`` torch file."""
     _atomic_write_bytes(Path(path), _encode(_plain(tensors, str(path)), fmt, metadata))
 
@@ -104,6 +113,7 @@ def load_tensors(path: str | Path) -> Tensors:
     path = Path(path)
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
+
         return load_file(str(path), device="cpu")
     loaded = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
@@ -113,9 +123,14 @@ def load_tensors(path: str | Path) -> Tensors:
 
 # --------------------------------------------------------------------------- run models
 
-def save_run_models(folder: str | Path, global_state: Mapping[str, torch.Tensor] | None,
-                    client_states: Mapping[int, Mapping[str, torch.Tensor]],
-                    meta: dict[str, Any] | None = None, fmt: str = "safetensors") -> Path:
+
+def save_run_models(
+    folder: str | Path,
+    global_state: Mapping[str, torch.Tensor] | None,
+    client_states: Mapping[int, Mapping[str, torch.Tensor]],
+    meta: dict[str, Any] | None = None,
+    fmt: str = "safetensors",
+) -> Path:
     """Write the final global model and each client's private state under ``folder/models/``.
 
     ``folder``: the run folder. ``global_state``: the global model's state dict (``None``: no
@@ -167,8 +182,10 @@ def load_run_models(folder: str | Path) -> tuple[Tensors | None, dict[int, Tenso
     models = folder if (folder / META_FILE).is_file() else folder / MODELS_DIR
     meta_path = models / META_FILE
     if not meta_path.is_file():
-        raise FileNotFoundError(f"no saved models in {folder} ({MODELS_DIR}/{META_FILE} is missing; "
-                                "was the run made with --save-model and did it finish?)")
+        raise FileNotFoundError(
+            f"no saved models in {folder} ({MODELS_DIR}/{META_FILE} is missing; "
+            "was the run made with --save-model and did it finish?)"
+        )
     record = json.loads(meta_path.read_text())
     files = record["files"]
     global_state = None if files["global"] is None else load_tensors(models / files["global"])
@@ -177,6 +194,7 @@ def load_run_models(folder: str | Path) -> tuple[Tensors | None, dict[int, Tenso
 
 
 # --------------------------------------------------------------------------- peft adapters
+
 
 def _layer_rank(layer: nn.Module, default: int | None) -> int:
     rank = getattr(layer, "active_rank", None)
@@ -190,6 +208,7 @@ def _layer_rank(layer: nn.Module, default: int | None) -> int:
 def _has_extra_branches(layer: nn.Module) -> bool:
     """True for a LoRALinear subclass whose adapter is more than the one shared pair."""
     from .lora import LoRALinear
+
     return isinstance(layer, LoRALinear) and type(layer).adapter is not LoRALinear.adapter
 
 
@@ -229,15 +248,20 @@ def base_model_state(model: nn.Module, lora_layers: Mapping[str, nn.Module]) -> 
         if owner is None:
             out[key] = tensor
         elif key.startswith(owner + "base."):
-            out[owner + key[len(owner + "base."):]] = tensor
+            out[owner + key[len(owner + "base.") :]] = tensor
     return out
 
 
-def export_peft_adapter(model: nn.Module, folder: str | Path, lora_layers: Mapping[str, nn.Module],
-                        rank: int | None = None, alpha: float | None = None,
-                        target_modules: Iterable[str] | None = None,
-                        base_model_name: str | None = None,
-                        modules_to_save: Iterable[str] | None | str = "auto") -> Path:
+def export_peft_adapter(
+    model: nn.Module,
+    folder: str | Path,
+    lora_layers: Mapping[str, nn.Module],
+    rank: int | None = None,
+    alpha: float | None = None,
+    target_modules: Iterable[str] | None = None,
+    base_model_name: str | None = None,
+    modules_to_save: Iterable[str] | None | str = "auto",
+) -> Path:
     """Write ``adapter_config.json`` + ``adapter_model.safetensors`` that peft loads as LoRA.
 
     ``model``: the pflbench model with the weights to export loaded (the global model, or a
@@ -282,6 +306,7 @@ def export_peft_adapter(model: nn.Module, folder: str | Path, lora_layers: Mappi
 
     if modules_to_save == "auto":
         from .models import head_module_names
+
         head = head_module_names(model)
         trainable = any(p.requires_grad for m in head for p in model.get_submodule(m).parameters())
         modules_to_save = head if trainable else []

@@ -4,14 +4,14 @@ Partitioning, client sampling, model init, local training, the public hold-out (
 pretraining), per-client LoRA ranks and test-time personalization / fine-tuning each draw from
 their own stream, so (for example) every algorithm sees the same client sequence for the same seed.
 """
+
 from __future__ import annotations
 
 import zlib
 
 import numpy as np
 
-STREAMS = ("partition", "split", "sampling", "init", "train", "dropout", "public", "ranks",
-           "personalize", "finetune")
+STREAMS = ("partition", "split", "sampling", "init", "train", "dropout", "public", "ranks", "personalize", "finetune")
 
 
 def derive_seed(seed: int, stream: str, *keys: int) -> int:
@@ -20,8 +20,9 @@ def derive_seed(seed: int, stream: str, *keys: int) -> int:
     Core streams are listed in ``STREAMS``; a plugin uses its own namespace, ``"<algo>.<name>"``
     (e.g. ``"ditto.personal"``), so it can never collide with a core stream."""
     if stream not in STREAMS and "." not in stream:
-        raise ValueError(f"unknown random stream {stream!r}; streams: {', '.join(STREAMS)} "
-                         "or a plugin's '<name>.<stream>'")
+        raise ValueError(
+            f"unknown random stream {stream!r}; streams: {', '.join(STREAMS)} or a plugin's '<name>.<stream>'"
+        )
     sequence = np.random.SeedSequence([seed, zlib.crc32(stream.encode()), *keys])
     return int(sequence.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 

@@ -5,10 +5,11 @@ distribution is evaluated with the closed form for integer degrees of freedom (s
 the degrees of freedom an integer), and the Wilcoxon signed-rank test uses its exact null
 distribution (all 2^n sign assignments, counted by dynamic programming over rank sums).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 TESTS = ("ttest", "wilcoxon", "none")
 INTERVALS = ("std", "ci95")

@@ -9,6 +9,7 @@ diverges keeps its partial results (status ``diverged``); a run that raises gets
 ``error.json`` in its folder and the sweep goes on. Every algorithm sees the same partition and
 client sequence for a given seed because both are drawn from the seed's own random streams.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,15 +19,15 @@ import json
 import time
 import traceback
 import typing
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
-from .config import RunConfig, field_types, hyperparameters_from, resolve, run_name, validate
+from .config import RunConfig, field_types, hyperparameters_from, resolve, run_identity, run_name, validate
 from .errors import ConfigError
 from .registry import ALGORITHMS, DATASETS
 from .results import write_json
-from .config import run_identity
 from .rundir import RunClaimed, RunFinished, RunPaths, guard_run
 from .runner import RunDiverged, execute, prepare, resolve_device
 
@@ -46,8 +47,13 @@ class Grid:
     axes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"algos": list(self.algos), "datasets": list(self.datasets), "alphas": list(self.alphas),
-                "seeds": list(self.seeds), "set": {k: list(v) for k, v in self.axes.items()}}
+        return {
+            "algos": list(self.algos),
+            "datasets": list(self.datasets),
+            "alphas": list(self.alphas),
+            "seeds": list(self.seeds),
+            "set": {k: list(v) for k, v in self.axes.items()},
+        }
 
 
 @dataclass
@@ -72,8 +78,16 @@ class SweepRun:
 
     def to_json(self) -> dict[str, Any]:
         c = self.config
-        return {"name": self.name, "algo": c.algo, "dataset": c.dataset, "alpha": c.alpha, "seed": c.seed,
-                "set": self.overrides, "status": self.status, "error": self.error}
+        return {
+            "name": self.name,
+            "algo": c.algo,
+            "dataset": c.dataset,
+            "alpha": c.alpha,
+            "seed": c.seed,
+            "set": self.overrides,
+            "status": self.status,
+            "error": self.error,
+        }
 
 
 def split_values(text: str, convert: Callable[[str], Any], flag: str) -> tuple[Any, ...]:
@@ -150,8 +164,10 @@ def _check_axis_names(axes: dict[str, Any], algos: tuple[str, ...], run_fields: 
     for name in axes:
         if name not in run_fields and not any(name in names for names in hyperparameters.values()):
             owned = sorted({f"{n} ({a})" for a, names in hyperparameters.items() for n in names})
-            raise ConfigError(f"{name!r} is neither a run option nor a hyperparameter of "
-                              f"{', '.join(algos)}; hyperparameters: {', '.join(owned) or 'none'}")
+            raise ConfigError(
+                f"{name!r} is neither a run option nor a hyperparameter of "
+                f"{', '.join(algos)}; hyperparameters: {', '.join(owned) or 'none'}"
+            )
 
 
 def _product(axes: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
@@ -175,16 +191,17 @@ def expand_grid(base: RunConfig, grid: Grid) -> list[SweepRun]:
     _check_axis_names(grid.axes, grid.algos, run_fields)
     run_axes = _typed_axes(grid.axes, RunConfig, [n for n in grid.axes if n in run_fields])
     hyperparameter_classes = {algo: ALGORITHMS.get(algo).hyperparameters for algo in grid.algos}
-    algo_axes = {algo: _product(_typed_axes(grid.axes, cls, [f.name for f in dataclasses.fields(cls)
-                                                             if f.name in grid.axes]))
-                 for algo, cls in hyperparameter_classes.items()}
+    algo_axes = {
+        algo: _product(_typed_axes(grid.axes, cls, [f.name for f in dataclasses.fields(cls) if f.name in grid.axes]))
+        for algo, cls in hyperparameter_classes.items()
+    }
     cells = []
-    for dataset, alpha, seed, run_values in itertools.product(grid.datasets, grid.alphas, grid.seeds,
-                                                              _product(run_axes)):
+    for dataset, alpha, seed, run_values in itertools.product(
+        grid.datasets, grid.alphas, grid.seeds, _product(run_axes)
+    ):
         for algo in grid.algos:
             for algo_values in algo_axes[algo]:
-                config = dataclasses.replace(base, algo=algo, dataset=dataset, alpha=alpha, seed=seed,
-                                             **run_values)
+                config = dataclasses.replace(base, algo=algo, dataset=dataset, alpha=alpha, seed=seed, **run_values)
                 if not ALGORITHMS.get(algo).has_global_model:  # --finetune-epochs: global models only
                     config = dataclasses.replace(config, finetune_epochs=0)
                 hparams = hyperparameters_from(hyperparameter_classes[algo], algo_values, algo)
@@ -220,8 +237,10 @@ def sweep_record_path(out: str | Path, grid: Grid, base: RunConfig) -> Path:
 
 def _write_record(path: Path, grid: Grid, base: RunConfig, runs: list[SweepRun]) -> None:
     shared = {k: v for k, v in dataclasses.asdict(base).items() if k not in GRID_FIELDS}
-    write_json(path, {"grid": grid.to_json(), "shared": shared, "counts": count_statuses(runs),
-                      "runs": [r.to_json() for r in runs]})
+    write_json(
+        path,
+        {"grid": grid.to_json(), "shared": shared, "counts": count_statuses(runs), "runs": [r.to_json() for r in runs]},
+    )
 
 
 def count_statuses(runs: list[SweepRun]) -> dict[str, int]:
@@ -234,10 +253,15 @@ def count_statuses(runs: list[SweepRun]) -> dict[str, int]:
 def write_error(run: SweepRun, error: BaseException) -> None:
     """``error.json`` in the run folder: type, message, traceback and the run's settings."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run.run_dir / "error.json", {
-        "error_type": type(error).__name__, "message": str(error),
-        "traceback": "".join(traceback.format_exception(error)),
-        "config": {**dataclasses.asdict(run.config), "algo_options": run.algo_options}})
+    write_json(
+        run.run_dir / "error.json",
+        {
+            "error_type": type(error).__name__,
+            "message": str(error),
+            "traceback": "".join(traceback.format_exception(error)),
+            "config": {**dataclasses.asdict(run.config), "algo_options": run.algo_options},
+        },
+    )
 
 
 def check_grid(runs: list[SweepRun]) -> None:
@@ -261,14 +285,26 @@ def check_grid(runs: list[SweepRun]) -> None:
         algorithm = ALGORITHMS.get(config.algo)
         hparams = hyperparameters_from(algorithm.hyperparameters, dict(run.algo_options), config.algo)
         identity = run_identity(config, algorithm, hparams)
-        partition_key = json.dumps([data_key, config.partition_spec.identity(), config.seed,
-                                    config.partition_file], sort_keys=True, default=str)
+        partition_key = json.dumps(
+            [data_key, config.partition_spec.identity(), config.seed, config.partition_file],
+            sort_keys=True,
+            default=str,
+        )
         if partition_key not in seen:
             seen.add(partition_key)
             make_partition(config, dataset)
-        model_key = json.dumps([data_key, {k: v for k, v in identity.items()
-                                           if k in ("algo", "model", "model_options", "head_layers", "algo_hparams")
-                                           or k.startswith("lora")}], sort_keys=True, default=str)
+        model_key = json.dumps(
+            [
+                data_key,
+                {
+                    k: v
+                    for k, v in identity.items()
+                    if k in ("algo", "model", "model_options", "head_layers", "algo_hparams") or k.startswith("lora")
+                },
+            ],
+            sort_keys=True,
+            default=str,
+        )
         if model_key not in seen:
             seen.add(model_key)
             check_model(config, algorithm, hparams, dataset)
@@ -281,9 +317,15 @@ def run_one(run: SweepRun, plugins: tuple[str, ...]) -> dict[str, Any]:
     return execute(prepare(run.config, run.algo_options, guard=guard), plugins=plugins, resume=True)
 
 
-def run_sweep(runs: list[SweepRun], record: Path, grid: Grid, base: RunConfig, plugins: tuple[str, ...] = (),
-              report: Callable[[int, SweepRun, dict[str, Any] | None], None] | None = None,
-              jobs: int = 1) -> None:
+def run_sweep(
+    runs: list[SweepRun],
+    record: Path,
+    grid: Grid,
+    base: RunConfig,
+    plugins: tuple[str, ...] = (),
+    report: Callable[[int, SweepRun, dict[str, Any] | None], None] | None = None,
+    jobs: int = 1,
+) -> None:
     """Run (or skip) each run, rewriting the sweep record ``record`` after each.
 
     ``jobs`` > 1 runs that many at once in worker processes (``sweep_parallel``), each with

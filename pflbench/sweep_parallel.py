@@ -6,6 +6,7 @@ run's numbers do not depend on the process it runs in: ``--jobs N`` writes the s
 ``--jobs 1`` (at equal threads per run). The driver keeps the sweep record; a worker writes its
 run's folder (and ``error.json`` when the run raises), as a sequential sweep does.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,8 +43,12 @@ def with_job_threads(run: Any, jobs: int) -> Any:
     return run
 
 
-def run_parallel(todo: list[tuple[int, Any]], jobs: int, plugins: tuple[str, ...],
-                 finished: Callable[[int, Any, dict[str, Any] | None], None]) -> None:
+def run_parallel(
+    todo: list[tuple[int, Any]],
+    jobs: int,
+    plugins: tuple[str, ...],
+    finished: Callable[[int, Any, dict[str, Any] | None], None],
+) -> None:
     """Run ``todo`` ((index, run) pairs) on ``jobs`` processes; ``finished(index, run, summary)``
     after each, in completion order. KeyboardInterrupt marks the runs in flight ``interrupted``,
     cancels the rest (they stay ``pending``) and propagates."""

@@ -9,11 +9,12 @@ metric's columns and its overall rank. All formats carry the same content; names
 from the run folders are escaped for the format (HTML in Markdown and HTML pages). LaTeX lives
 in ``pflbench.latex``.
 """
+
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import pandas as pd
 
@@ -40,10 +41,22 @@ def _md_escape(text: str) -> str:
     return html.escape(text, quote=False).replace("|", r"\|").replace("*", r"\*").replace("`", r"\`")
 
 
-MARKDOWN = Style(" ± ", lambda t: f"**{t}**", lambda t: f"<ins>{t}</ins>",
-                 lambda n, dagger: f" {'†' if dagger else ''}n={n}", "—", _md_escape)
-HTML = Style(" ± ", lambda t: f"<b>{t}</b>", lambda t: f"<u>{t}</u>",
-             lambda n, dagger: f"<sup>{'†' if dagger else ''}n={n}</sup>", "—", html.escape)
+MARKDOWN = Style(
+    " ± ",
+    lambda t: f"**{t}**",
+    lambda t: f"<ins>{t}</ins>",
+    lambda n, dagger: f" {'†' if dagger else ''}n={n}",
+    "—",
+    _md_escape,
+)
+HTML = Style(
+    " ± ",
+    lambda t: f"<b>{t}</b>",
+    lambda t: f"<u>{t}</u>",
+    lambda n, dagger: f"<sup>{'†' if dagger else ''}n={n}</sup>",
+    "—",
+    html.escape,
+)
 
 
 def cell_text(cell: Cell, style: Style, decimals: int = 2, show_n: bool = False) -> str:
@@ -82,23 +95,31 @@ def notes(table: pd.DataFrame) -> list[str]:
     result = []
     if table.attrs.get("setup"):
         result.append(f"Setup: {table.attrs['setup']}.")
-    result.append(f"Metric: {metric_title(table)}. Cells: {shown} as mean ± {spread} over seeds "
-                  f"(n={max_seeds(table)} seeds per cell unless marked). Best per column in bold.")
+    result.append(
+        f"Metric: {metric_title(table)}. Cells: {shown} as mean ± {spread} over seeds "
+        f"(n={max_seeds(table)} seeds per cell unless marked). Best per column in bold."
+    )
     table_cells = cells(table).values()
     test = table.attrs.get("test", "ttest")
     if test in TEST_NAMES:
-        result.append(f"Underlined: not significantly worse than the column's best ({TEST_NAMES[test]} "
-                      f"over the seeds both share, p ≥ {table.attrs.get('level', 0.05):g}).")
+        result.append(
+            f"Underlined: not significantly worse than the column's best ({TEST_NAMES[test]} "
+            f"over the seeds both share, p ≥ {table.attrs.get('level', 0.05):g})."
+        )
         untested = sum(1 for c in table_cells if c.rank is not None and c.rank > 1 and c.tied is None)
         if untested:
-            result.append(f"{untested} {'entry is' if untested == 1 else 'entries are'} not tested and carry "
-                          "no mark: fewer than 2 seeds pair with the best (a paired test needs n ≥ 2).")
+            result.append(
+                f"{untested} {'entry is' if untested == 1 else 'entries are'} not tested and carry "
+                "no mark: fewer than 2 seeds pair with the best (a paired test needs n ≥ 2)."
+            )
     if any(c.fewer_seeds for c in table_cells):
         result.append("† fewer seeds than the other cells; n = seeds in that cell.")
     if any(c.mean is None for c in table_cells):
         result.append("— no value (undefined for the algorithm, or no finished run).")
-    result.append(f"Avg. rank: mean rank over the {quantity(table.attrs.get('metric', '')).label} "
-                  "columns (1 = best, ties share the mean rank); Rank: order by average rank.")
+    result.append(
+        f"Avg. rank: mean rank over the {quantity(table.attrs.get('metric', '')).label} "
+        "columns (1 = best, ties share the mean rank); Rank: order by average rank."
+    )
     if any(label.endswith("]") for label in table.index):
         result.append("[status]: runs that did not end normally (e.g. diverged), shown apart, never averaged in.")
     for name, values in table.attrs.get("differing", {}).items():
@@ -110,9 +131,14 @@ def body_rows(table: pd.DataFrame, style: Style) -> list[tuple[str, list[str]]]:
     """(escaped row label, cell texts + average rank + rank) per table row."""
     table_cells, ranks = cells(table), row_ranks(table)
     show_n = table.attrs.get("show_n", False)
-    return [(style.escape(row), [cell_text(table_cells[row, column], style, show_n=show_n)
-                                 for column in columns_of(table)] + [rank_text(r, style.missing) for r in ranks[row]])
-            for row in table.index]
+    return [
+        (
+            style.escape(row),
+            [cell_text(table_cells[row, column], style, show_n=show_n) for column in columns_of(table)]
+            + [rank_text(r, style.missing) for r in ranks[row]],
+        )
+        for row in table.index
+    ]
 
 
 def header_text(column: tuple[str, float, str], multi: bool) -> str:
@@ -151,7 +177,8 @@ HTML_STYLE = (
     "th,td{padding:.35rem .8rem;text-align:right;white-space:nowrap}"
     "thead th{text-align:center;border-bottom:1px solid #888}tbody th{text-align:left;font-weight:500}"
     "tbody tr:nth-child(even){background:#f5f6f8}tbody tr:hover{background:#e8eefc}"
-    "p.note{color:#555;font-size:.92rem;margin:.3rem 0}sup{font-size:.7em}")
+    "p.note{color:#555;font-size:.92rem;margin:.3rem 0}sup{font-size:.7em}"
+)
 
 
 def to_html(table: pd.DataFrame) -> str:
@@ -159,36 +186,59 @@ def to_html(table: pd.DataFrame) -> str:
     columns = columns_of(table)
     multi = multi_quantity(table)
     levels = [lambda c: (c[0],), lambda c: (c[0], c[1])] + ([lambda c: c] if multi else [])
-    texts = [lambda key: html.escape(key[0]), lambda key: f"α={key[1]:g}",
-             lambda key: html.escape(quantity(key[2]).label)]
+    texts = [
+        lambda key: html.escape(key[0]),
+        lambda key: f"α={key[1]:g}",
+        lambda key: html.escape(quantity(key[2]).label),
+    ]
     head = []
     for depth, level in enumerate(levels):
         first = f'<th rowspan="{len(levels)}">Algorithm</th>' if depth == 0 else ""
-        last = (f'<th rowspan="{len(levels)}">Avg. rank</th><th rowspan="{len(levels)}">Rank</th>'
-                if depth == 0 else "")
-        groups = "".join(f'<th colspan="{length}">{texts[depth](key)}</th>'
-                         for key, length in spans([level(c) for c in columns]))
+        last = f'<th rowspan="{len(levels)}">Avg. rank</th><th rowspan="{len(levels)}">Rank</th>' if depth == 0 else ""
+        groups = "".join(
+            f'<th colspan="{length}">{texts[depth](key)}</th>' for key, length in spans([level(c) for c in columns])
+        )
         head.append(f"<tr>{first}{groups}{last}</tr>")
-    body = ["<tr><th>" + row + "</th>" + "".join(f"<td>{t}</td>" for t in texts_) + "</tr>"
-            for row, texts_ in body_rows(table, HTML)]
+    body = [
+        "<tr><th>" + row + "</th>" + "".join(f"<td>{t}</td>" for t in texts_) + "</tr>"
+        for row, texts_ in body_rows(table, HTML)
+    ]
     paragraphs = "".join(f'<p class="note">{html.escape(note)}</p>\n' for note in notes(table))
     caption = html.escape(metric_title(table))
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            f"<title>pflbench leaderboard: {caption}</title><style>{HTML_STYLE}</style></head><body>\n"
-            f"<table>\n<caption>{caption}</caption>\n<thead>{''.join(head)}</thead>\n"
-            f"<tbody>\n{chr(10).join(body)}\n</tbody>\n</table>\n{paragraphs}</body></html>\n")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>pflbench leaderboard: {caption}</title><style>{HTML_STYLE}</style></head><body>\n"
+        f"<table>\n<caption>{caption}</caption>\n<thead>{''.join(head)}</thead>\n"
+        f"<tbody>\n{chr(10).join(body)}\n</tbody>\n</table>\n{paragraphs}</body></html>\n"
+    )
 
 
 def to_csv(table: pd.DataFrame) -> str:
     """One line per cell: algorithm, dataset, alpha, quantity, label, mean, std (± part), n, rank,
     best, tied (not significantly worse than the best), p, pairs, flags, the row's ranks."""
     table_cells, ranks = cells(table), row_ranks(table)
-    records = [{"algorithm": row, "dataset": column[0], "alpha": column[1], "quantity": column[2],
-                "label": quantity(column[2]).label, "mean": cell.mean, "std": cell.std, "n": cell.n,
-                "rank": cell.rank, "best": cell.best, "tied": cell.tied, "p": cell.p, "pairs": cell.pairs,
-                "fewer_seeds": cell.fewer_seeds, "avg_rank": ranks[row][0], "overall_rank": ranks[row][1]}
-               for (row, column), cell in table_cells.items()]
+    records = [
+        {
+            "algorithm": row,
+            "dataset": column[0],
+            "alpha": column[1],
+            "quantity": column[2],
+            "label": quantity(column[2]).label,
+            "mean": cell.mean,
+            "std": cell.std,
+            "n": cell.n,
+            "rank": cell.rank,
+            "best": cell.best,
+            "tied": cell.tied,
+            "p": cell.p,
+            "pairs": cell.pairs,
+            "fewer_seeds": cell.fewer_seeds,
+            "avg_rank": ranks[row][0],
+            "overall_rank": ranks[row][1],
+        }
+        for (row, column), cell in table_cells.items()
+    ]
     return pd.DataFrame(records).to_csv(index=False)
 
 
@@ -199,7 +249,11 @@ def _latex(table: pd.DataFrame) -> str:
 
 
 FORMATS: dict[str, tuple[Callable[[pd.DataFrame], str], str]] = {
-    "md": (to_markdown, ".md"), "latex": (_latex, ".tex"), "csv": (to_csv, ".csv"), "html": (to_html, ".html")}
+    "md": (to_markdown, ".md"),
+    "latex": (_latex, ".tex"),
+    "csv": (to_csv, ".csv"),
+    "html": (to_html, ".html"),
+}
 
 
 def __getattr__(name: str):  # ``from pflbench.tables import to_latex`` keeps working

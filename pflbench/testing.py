@@ -3,9 +3,11 @@
 ``Harness(prepare(config))`` gives the algorithm, its executor and the round loop behind one
 object: train one client, run all rounds, load a client's or the global model into the working
 model, and see what travelled (``TrafficObserver``)."""
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -77,8 +79,13 @@ class Harness:
     # what tests do
     def train_client(self, client_id: int, received: Tensors, round_index: int = 1) -> ClientUpdate:
         """One client's local training through the executor; its private state is stored."""
-        job = ClientJob(client_id, round_index, derive_seed(self.algorithm.config.seed, "train", round_index, client_id),
-                        received, self.algorithm.store.get(client_id))
+        job = ClientJob(
+            client_id,
+            round_index,
+            derive_seed(self.algorithm.config.seed, "train", round_index, client_id),
+            received,
+            self.algorithm.store.get(client_id),
+        )
         (update,) = self.executor.train(self.algorithm.program, [job])
         if update.private:
             self.algorithm.store.put(client_id, update.private)

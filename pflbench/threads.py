@@ -8,6 +8,7 @@ uses ``--threads 1`` unless told otherwise; 0 means torch's own default (all usa
 large model on a machine of its own. A parallel sweep (``--jobs N``) gives each run
 ``max(1, threads // N)`` threads (``threads_per_job``).
 """
+
 from __future__ import annotations
 
 import os

@@ -22,6 +22,7 @@ named after the run folder.
 The libraries are imported only when a tracker is made; a missing one is a ``ConfigError`` that
 says which extra to install.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,8 +31,9 @@ import math
 import numbers
 import re
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from .errors import ConfigError
 
@@ -39,6 +41,7 @@ EXPERIMENT = "pflbench"
 
 
 # --------------------------------------------------------------------------- helpers
+
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     """Nested dicts → ``{"a.b": value}``; lists/tuples become JSON text, None the text ``None``."""
@@ -83,6 +86,7 @@ def numeric_items(record: dict[str, Any], skip: Iterable[str] = ()) -> dict[str,
 
 # --------------------------------------------------------------------------- TensorBoard
 
+
 class TensorBoardTracker:
     """Scalars, hyperparameters and the config text in ``RUN_DIR/tensorboard/``."""
 
@@ -90,9 +94,10 @@ class TensorBoardTracker:
 
     def __init__(self, log_dir: str | Path) -> None:
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+
         self.log_dir = Path(log_dir)
         for stale in self.log_dir.glob("events.out.tfevents.*"):  # a rerun replaces the run's
-            stale.unlink()                                        # results, as RunWriter does
+            stale.unlink()  # results, as RunWriter does
         self.writer = SummaryWriter(log_dir=str(self.log_dir))
         self.params: dict[str, Any] = {}
         self.closed = False
@@ -115,6 +120,7 @@ class TensorBoardTracker:
 
     def on_run_end(self, summary: dict[str, Any]) -> None:
         from torch.utils.tensorboard.summary import hparams
+
         metrics = {f"summary/{k}": v for k, v in numeric_items(summary).items()}
         step = int(summary.get("rounds") or 0)
         for key, value in metrics.items():
@@ -142,15 +148,20 @@ class MLflowTracker:
 
     name = "mlflow"
 
-    def __init__(self, tracking_uri: str, run_name: str, experiment: str = EXPERIMENT,
-                 artifact_location: str | None = None) -> None:
+    def __init__(
+        self, tracking_uri: str, run_name: str, experiment: str = EXPERIMENT, artifact_location: str | None = None
+    ) -> None:
         from mlflow.tracking import MlflowClient
+
         self.tracking_uri = tracking_uri
         try:
             self.client = MlflowClient(tracking_uri=tracking_uri)
             found = self.client.get_experiment_by_name(experiment)
-            self.experiment_id = (found.experiment_id if found is not None else
-                                  self.client.create_experiment(experiment, artifact_location))
+            self.experiment_id = (
+                found.experiment_id
+                if found is not None
+                else self.client.create_experiment(experiment, artifact_location)
+            )
         except Exception as error:  # MlflowException, sqlalchemy errors: a bad store is bad input
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise ConfigError(f"--mlflow-uri {tracking_uri!r}: {first}") from error
@@ -164,22 +175,25 @@ class MLflowTracker:
 
     def on_run_start(self, run: Any) -> None:
         from mlflow.entities import Param
-        created = self.client.create_run(self.experiment_id, run_name=self.run_name,
-                                         tags={"pflbench.run_dir": str(run.run_dir)})
+
+        created = self.client.create_run(
+            self.experiment_id, run_name=self.run_name, tags={"pflbench.run_dir": str(run.run_dir)}
+        )
         self.run_id = created.info.run_id
         params = [Param(self.key(k), str(v)[:MLFLOW_PARAM_LENGTH]) for k, v in run_params(run).items()]
         for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
-            self.client.log_batch(self.run_id, params=params[start:start + 100])
+            self.client.log_batch(self.run_id, params=params[start : start + 100])
 
     def on_client_update(self, job: Any, update: Any) -> None:
         pass
 
     def _log(self, values: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
+
         now = int(time.time() * 1000)
         metrics = [Metric(self.key(k), v, now, step) for k, v in values.items()]
         for start in range(0, len(metrics), 1000):
-            self.client.log_batch(self.run_id, metrics=metrics[start:start + 1000])
+            self.client.log_batch(self.run_id, metrics=metrics[start : start + 1000])
 
     def on_round_end(self, record: dict[str, Any]) -> None:
         self._log(numeric_items(record, skip=("round",)), int(record["round"]))
@@ -197,6 +211,7 @@ class MLflowTracker:
 
 # --------------------------------------------------------------------------- factory
 
+
 def default_mlflow_uri(run_dir: Path) -> str:
     """SQLite store ``OUT/mlflow.db`` for a run folder ``OUT/runs/<name>``."""
     return f"sqlite:///{Path(run_dir).resolve().parent.parent / 'mlflow.db'}"
@@ -213,8 +228,7 @@ def _mlflow(run: Any, options: dict[str, Any]) -> MLflowTracker:
         uri = default_mlflow_uri(run.run_dir)
         artifacts = (Path(run.run_dir).resolve().parent.parent / "mlartifacts").as_uri()
     name = Path(run.run_dir).name.removeprefix(".tmp-")  # the runner's work folder: the run's name
-    return MLflowTracker(uri, name, options.get("mlflow_experiment") or EXPERIMENT,
-                         artifacts)
+    return MLflowTracker(uri, name, options.get("mlflow_experiment") or EXPERIMENT, artifacts)
 
 
 TRACKERS: dict[str, tuple[Callable[[Any, dict[str, Any]], Any], str]] = {
@@ -240,13 +254,13 @@ def check_trackers(names: Iterable[str]) -> list[str]:
             raise ConfigError(f"--log {name!r} is not a tracker; choose from {', '.join(TRACKERS)}")
         module = TRACKERS[name][1]
         if importlib.util.find_spec(module) is None:
-            raise ConfigError(f"--log {name} needs the {module} package: "
-                              f'pip install "pflbench[{name}]"')
+            raise ConfigError(f'--log {name} needs the {module} package: pip install "pflbench[{name}]"')
     return wanted
 
 
-def make_trackers(names: Iterable[str], run: Any, mlflow_uri: str | None = None,
-                  mlflow_experiment: str | None = None) -> list[Any]:
+def make_trackers(
+    names: Iterable[str], run: Any, mlflow_uri: str | None = None, mlflow_experiment: str | None = None
+) -> list[Any]:
     """Build the observers for ``--log NAME`` (repeatable or comma-separated).
 
     ``run`` has ``.config`` (a RunConfig), ``.run_dir`` and optionally ``.hparams``. Raises

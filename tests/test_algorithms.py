@@ -1,4 +1,5 @@
 """Every registered algorithm runs end to end: 2 rounds, 3 clients, a tiny model."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,6 @@ from pflbench.config import RunConfig
 from pflbench.registry import ALGORITHMS
 from pflbench.runner import run_experiment
 
-
 # Settings an algorithm needs beyond the shared ones: FedBN keeps BatchNorm layers local (the mlp
 # has none, which it refuses); SCAFFOLD's correction is defined for plain SGD only.
 OVERRIDES = {"fedbn": {"model": "cnn_bn"}, "scaffold": {"optimizer": "sgd", "lr": 0.1}}
@@ -21,8 +21,17 @@ def test_every_algorithm_runs_two_rounds(algo: str, tmp_path) -> None:
     # LoRA algorithms (FlexLoRA, FedSDG) adapt the mlp's hidden layers on its random frozen body;
     # the two LoRA settings change nothing for the others. Adam: FedSDG always uses it.
     settings = {"model": "mlp", "optimizer": "adam", "lr": 0.01, **OVERRIDES.get(algo, {})}
-    config = RunConfig(algo=algo, dataset="digits", num_clients=3, rounds=2, alpha=0.5,
-                       out=str(tmp_path), lora_targets="fc1,fc2", backbone="random", **settings)
+    config = RunConfig(
+        algo=algo,
+        dataset="digits",
+        num_clients=3,
+        rounds=2,
+        alpha=0.5,
+        out=str(tmp_path),
+        lora_targets="fc1,fc2",
+        backbone="random",
+        **settings,
+    )
     summary = run_experiment(config)
     run_dir = tmp_path / "runs"
     (folder,) = list(run_dir.iterdir())

@@ -1,6 +1,7 @@
 """Issue 13 (part a): Ditto, APFL, pFedMe, Per-FedAvg, FedBABU, LG-FedAvg and the
 ``--finetune-epochs`` protocol. Each distinctive formula against values computed by hand (closed
 forms, explicit softmax gradients), the local updates on a one-layer model, and the engine hooks."""
+
 from __future__ import annotations
 
 import json
@@ -13,10 +14,21 @@ from pflbench.algorithms.apfl import ALPHA, APFL, LOCAL, APFLHyperparameters, ap
 from pflbench.algorithms.ditto import PERSONAL, Ditto, DittoHyperparameters, ditto_personal_gradient
 from pflbench.algorithms.fedbabu import FedBABU, FedBABUHyperparameters
 from pflbench.algorithms.lgfedavg import LGFedAvg
-from pflbench.algorithms.perfedavg import (OneStepAdaptation, PerFedAvg, PerFedAvgHyperparameters,
-                                           adaptation_step, meta_gradient)
-from pflbench.algorithms.pfedme import (THETA, PFedMe, PFedMeHyperparameters, pfedme_envelope_gradient,
-                                        pfedme_inner_solve, pfedme_server_update)
+from pflbench.algorithms.perfedavg import (
+    OneStepAdaptation,
+    PerFedAvg,
+    PerFedAvgHyperparameters,
+    adaptation_step,
+    meta_gradient,
+)
+from pflbench.algorithms.pfedme import (
+    THETA,
+    PFedMe,
+    PFedMeHyperparameters,
+    pfedme_envelope_gradient,
+    pfedme_inner_solve,
+    pfedme_server_update,
+)
 from pflbench.config import RunConfig
 from pflbench.engine import ClientJob, LocalTrainer, NoHyperparameters
 from pflbench.errors import ConfigError
@@ -57,8 +69,17 @@ def ce_gradient(params: dict[str, torch.Tensor], data: OneBatch) -> dict[str, to
 
 
 def make(algorithm_class, hparams, model, **settings):
-    config = RunConfig(algo="x", model="mlp", lr=LR, optimizer="sgd", max_grad_norm=0.0,
-                       public_frac=0.0, local_epochs=1, batch_size=2, **settings)
+    config = RunConfig(
+        algo="x",
+        model="mlp",
+        lr=LR,
+        optimizer="sgd",
+        max_grad_norm=0.0,
+        public_frac=0.0,
+        local_epochs=1,
+        batch_size=2,
+        **settings,
+    )
     return algorithm_class(config, hparams, model, [2])
 
 
@@ -116,7 +137,9 @@ def test_apfl_alpha_gradient_is_the_hand_derived_chain_rule():
     w = {"a": torch.tensor([0.0, 1.0]), "b": torch.tensor([[-0.5]])}
     alpha = 0.25
     mixture = apfl_mixture(v, w, alpha)
-    assert torch.allclose(mixture["a"], torch.tensor([0.25, 1.25])) and torch.allclose(mixture["b"], torch.tensor([[-0.25]]))
+    assert torch.allclose(mixture["a"], torch.tensor([0.25, 1.25])) and torch.allclose(
+        mixture["b"], torch.tensor([[-0.25]])
+    )
     # f(v̄) = ½‖v̄ − t‖²  ⇒  ∇f(v̄) = v̄ − t;  ∂f/∂α = ⟨v − w, v̄ − t⟩
     t = {"a": torch.tensor([1.0, 0.0]), "b": torch.tensor([[1.0]])}
     g = {n: mixture[n] - t[n] for n in v}  # a: [−0.75, 1.25], b: [[−1.25]]
@@ -193,8 +216,11 @@ def test_pfedme_local_update_one_inner_step_closed_form():
 # ---- Per-FedAvg -----------------------------------------------------------------------------
 def test_perfedavg_first_order_and_hessian_free_steps_on_a_quadratic():
     # batch i: f_i(w) = ½ wᵀA_i w − b_iᵀw, ∇f_i = A_i w − b_i, Hessian A_i
-    A = [torch.tensor([[2.0, 0.0], [0.0, 1.0]]), torch.tensor([[1.0, 1.0], [1.0, 3.0]]),
-         torch.tensor([[4.0, 1.0], [1.0, 2.0]])]
+    A = [
+        torch.tensor([[2.0, 0.0], [0.0, 1.0]]),
+        torch.tensor([[1.0, 1.0], [1.0, 3.0]]),
+        torch.tensor([[4.0, 1.0], [1.0, 2.0]]),
+    ]
     b = [torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0]), torch.tensor([1.0, 1.0])]
 
     def gradient(params, i):
@@ -240,8 +266,9 @@ def test_lgfedavg_shares_the_head_and_keeps_the_body():
 
 
 def test_fedbabu_trains_and_sends_the_body_only_with_the_head_frozen(tmp_path):
-    config = RunConfig(algo="fedbabu", dataset="digits", model="mlp", num_clients=2, rounds=1,
-                       out=str(tmp_path), backbone="random")
+    config = RunConfig(
+        algo="fedbabu", dataset="digits", model="mlp", num_clients=2, rounds=1, out=str(tmp_path), backbone="random"
+    )
     prepared = prepare(config, {"ft_epochs": 1})
     algorithm = prepared.algorithm
     assert set(algorithm.layout.shared) == {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
@@ -258,15 +285,22 @@ def test_fedbabu_trains_and_sends_the_body_only_with_the_head_frozen(tmp_path):
     assert summary["pers_acc"] != pytest.approx(summary["global_acc"])
     program = algorithm.personalization_program()
     assert program.epochs == 1 and program.names == frozenset(algorithm.layout.trainable)
-    head_only = FedBABU(algorithm.config, FedBABUHyperparameters(ft_part="head"), prepared.executor.model,
-                        algorithm.num_train).personalization_program()
+    head_only = FedBABU(
+        algorithm.config, FedBABUHyperparameters(ft_part="head"), prepared.executor.model, algorithm.num_train
+    ).personalization_program()
     assert head_only.names == frozenset(head)
 
 
 # ---- --finetune-epochs ------------------------------------------------------------------------
 def test_finetune_epochs_adds_pers_acc_ft_and_changes_nothing_else(tmp_path):
-    settings = {"algo": "fedavg", "dataset": "digits", "model": "mlp", "num_clients": 2, "rounds": 1,
-                "backbone": "random"}
+    settings = {
+        "algo": "fedavg",
+        "dataset": "digits",
+        "model": "mlp",
+        "num_clients": 2,
+        "rounds": 1,
+        "backbone": "random",
+    }
     plain = run_experiment(RunConfig(**settings, out=str(tmp_path / "plain")))
     tuned = run_experiment(RunConfig(**settings, finetune_epochs=2, out=str(tmp_path / "tuned")))
     for key in ("pers_acc", "global_acc", "final_train_loss", "bytes_up_total"):
@@ -284,8 +318,17 @@ def test_finetune_epochs_adds_pers_acc_ft_and_changes_nothing_else(tmp_path):
 
 def test_finetune_epochs_is_refused_without_a_global_model(tmp_path):
     with pytest.raises(ConfigError, match="finetune-epochs"):
-        prepare(RunConfig(algo="fedper", dataset="digits", model="mlp", num_clients=2, rounds=1,
-                          finetune_epochs=1, out=str(tmp_path)))
+        prepare(
+            RunConfig(
+                algo="fedper",
+                dataset="digits",
+                model="mlp",
+                num_clients=2,
+                rounds=1,
+                finetune_epochs=1,
+                out=str(tmp_path),
+            )
+        )
 
 
 def test_a_sweep_fine_tunes_only_the_algorithms_with_a_global_model():

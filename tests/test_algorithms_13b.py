@@ -1,5 +1,6 @@
 """Issue 13 (part b): FedBN, FedRoD, FedALA, SCAFFOLD, MOON, FedDyn — each distinctive formula
 against hand-computed values on small tensors, plus the wiring of the stateful clients."""
+
 from __future__ import annotations
 
 import json
@@ -10,17 +11,27 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pflbench.algorithms.fedala import (FedALA, FedALAHyperparameters, ala_combine, ala_weight_step,
-                                        converged, sample_batches)
+from pflbench.algorithms.fedala import (
+    FedALA,
+    FedALAHyperparameters,
+    ala_combine,
+    ala_weight_step,
+    converged,
+    sample_batches,
+)
 from pflbench.algorithms.fedbn import FedBN, batchnorm_state_names
-from pflbench.algorithms.feddyn import (FedDyn, FedDynHyperparameters, dynamic_term, linear_state_update,
-                                        linear_term)
+from pflbench.algorithms.feddyn import FedDyn, FedDynHyperparameters, dynamic_term, linear_state_update, linear_term
 from pflbench.algorithms.feddyn import server_update as feddyn_server_update
 from pflbench.algorithms.fedrod import FedRoD, TwoHeads, balanced_softmax_loss
 from pflbench.algorithms.moon import Moon, MoonHyperparameters, contrastive_loss
-from pflbench.algorithms.scaffold import (CLIENT_CONTROL, CONTROL_DELTA, Scaffold,
-                                          ScaffoldHyperparameters, client_control_update,
-                                          corrected_gradient)
+from pflbench.algorithms.scaffold import (
+    CLIENT_CONTROL,
+    CONTROL_DELTA,
+    Scaffold,
+    ScaffoldHyperparameters,
+    client_control_update,
+    corrected_gradient,
+)
 from pflbench.algorithms.scaffold import server_update as scaffold_server_update
 from pflbench.config import RunConfig
 from pflbench.data import FederatedData, TensorDataset
@@ -34,8 +45,9 @@ RESOLVED = {"lr": 0.1, "optimizer": "sgd", "max_grad_norm": 0.0, "public_frac": 
 
 def tiny_data(samples: int = 12, features: int = 4, classes: int = 3) -> FederatedData:
     generator = torch.Generator().manual_seed(0)
-    dataset = TensorDataset(torch.randn(samples, features, generator=generator),
-                            torch.arange(samples) % classes, classes, "test")
+    dataset = TensorDataset(
+        torch.randn(samples, features, generator=generator), torch.arange(samples) % classes, classes, "test"
+    )
     everyone = np.arange(samples)
     return FederatedData(dataset, [everyone], [everyone], torch.device("cpu"))
 
@@ -50,8 +62,7 @@ def test_fedbn_keeps_every_batchnorm_tensor_local_incl_running_stats() -> None:
     model = BatchNormCNN((1, 8, 8), 10)
     config = RunConfig(algo="fedbn", num_clients=2, **{**RESOLVED, "model": "cnn_bn"})
     algorithm = FedBN(config, NoHyperparameters(), model, [5, 5])
-    expected = {f"{bn}.{t}" for bn in ("bn1", "bn2", "bn3")
-                for t in ("weight", "bias", "running_mean", "running_var")}
+    expected = {f"{bn}.{t}" for bn in ("bn1", "bn2", "bn3") for t in ("weight", "bias", "running_mean", "running_var")}
     assert set(algorithm.layout.private) == expected
     assert not expected & set(algorithm.layout.shared)
     assert {"conv1.weight", "fc2.bias"} <= set(algorithm.layout.shared)
@@ -89,8 +100,9 @@ def test_fedrod_heads_personal_loss_trains_only_the_personal_head() -> None:
     assert torch.equal(output, generic) and not personal.any()  # zero-initialised P-head
     program = algorithm.program
     program.label_counts = torch.tensor([3, 2, 1])
-    terms = program.loss_terms(lambda p, x: model(x), dict(model.named_parameters()), inputs,
-                               torch.tensor([0, 1, 2, 0, 1, 0]), {})
+    terms = program.loss_terms(
+        lambda p, x: model(x), dict(model.named_parameters()), inputs, torch.tensor([0, 1, 2, 0, 1, 0]), {}
+    )
     terms["personal_ce"].backward()
     assert model.fc3.personal.weight.grad is not None and model.fc3.personal.weight.grad.abs().sum() > 0
     assert model.fc1.weight.grad is None and model.fc3.generic.weight.grad is None
@@ -162,9 +174,13 @@ def test_scaffold_formulas_hand_computed() -> None:
     assert torch.equal(client_control_update(c_i, c, torch.ones(2), torch.zeros(2), 0, 0.1), c_i)
     # x + η_g·mean Δy, c + (|S|/N)·mean Δc with |S| = 2 of N = 4
     model, control = scaffold_server_update(
-        {"w": torch.tensor([1.0])}, {"w": torch.tensor([0.5])},
+        {"w": torch.tensor([1.0])},
+        {"w": torch.tensor([0.5])},
         [{"w": torch.tensor([0.2])}, {"w": torch.tensor([0.6])}],
-        [{"w": torch.tensor([1.0])}, {"w": torch.tensor([3.0])}], server_lr=0.5, num_clients=4)
+        [{"w": torch.tensor([1.0])}, {"w": torch.tensor([3.0])}],
+        server_lr=0.5,
+        num_clients=4,
+    )
     assert model["w"].item() == pytest.approx(1.0 + 0.5 * 0.4)
     assert control["w"].item() == pytest.approx(0.5 + 0.5 * 2.0)
 
@@ -208,7 +224,7 @@ def test_moon_contrastive_loss_hand_computed() -> None:
     z_previous = torch.tensor([[0.0, 3.0], [1.0, 1.0]])  # cos: 0, 1
     tau = 0.5
     first = -math.log(math.exp(1 / tau) / (math.exp(1 / tau) + math.exp(0)))
-    second = -math.log(math.exp(2 ** -0.5 / tau) / (math.exp(2 ** -0.5 / tau) + math.exp(1 / tau)))
+    second = -math.log(math.exp(2**-0.5 / tau) / (math.exp(2**-0.5 / tau) + math.exp(1 / tau)))
     loss = contrastive_loss(z, z_global, z_previous, tau)
     assert loss.item() == pytest.approx((first + second) / 2, rel=1e-6)
     # identical global and previous representations: log 2, whatever z is
@@ -237,13 +253,16 @@ def test_moon_client_contrasts_with_its_previous_model_from_its_second_round() -
 # ---- FedDyn --------------------------------------------------------------------------------
 def test_feddyn_client_and_server_updates_hand_computed() -> None:
     # ∇L_k ← ∇L_k − α(θ_k − θ^{t−1})
-    new = linear_state_update(torch.tensor([0.5, -1.0]), torch.tensor([3.0, 1.0]),
-                              torch.tensor([1.0, 2.0]), alpha=0.1)
+    new = linear_state_update(torch.tensor([0.5, -1.0]), torch.tensor([3.0, 1.0]), torch.tensor([1.0, 2.0]), alpha=0.1)
     assert torch.allclose(new, torch.tensor([0.3, -0.9]))
     # h = 0 − α·(1/m)·Σ(θ_k − θ^{t−1}) = −0.1·(1/4)·(1 + 3) = −0.1; θ = mean − h/α = 3 + 1 = 4
-    h, model = feddyn_server_update({"w": torch.tensor([0.0])}, {"w": torch.tensor([1.0])},
-                                    [{"w": torch.tensor([2.0])}, {"w": torch.tensor([4.0])}],
-                                    alpha=0.1, num_clients=4)
+    h, model = feddyn_server_update(
+        {"w": torch.tensor([0.0])},
+        {"w": torch.tensor([1.0])},
+        [{"w": torch.tensor([2.0])}, {"w": torch.tensor([4.0])}],
+        alpha=0.1,
+        num_clients=4,
+    )
     assert h["w"].item() == pytest.approx(-0.1) and model["w"].item() == pytest.approx(4.0)
 
 
@@ -260,7 +279,8 @@ def test_feddyn_local_update_updates_the_private_state() -> None:
     algorithm = FedDyn(config, FedDynHyperparameters(feddyn_alpha=0.1), model, data.num_train)
     received = {n: t.clone() for n, t in algorithm.broadcast(0).items()}
     (update,) = SequentialExecutor(model, data).train(
-        algorithm.program, [ClientJob(0, 1, 3, received, algorithm.store.get(0))])
+        algorithm.program, [ClientJob(0, 1, 3, received, algorithm.store.get(0))]
+    )
     assert set(update.loss_terms) == {"task", "linear", "dynamic"}
     for n in algorithm.layout.groups["regularized"]:
         expected = -0.1 * (update.params[n] - received[n])  # from ∇L_k = 0
@@ -268,13 +288,28 @@ def test_feddyn_local_update_updates_the_private_state() -> None:
 
 
 # ---- the stateful clients keep their state in the store; SCAFFOLD's bytes ------------------
-@pytest.mark.parametrize("algo, key", [("scaffold", "scaffold.ci.fc1.weight"),
-                                       ("feddyn", "feddyn.grad.fc1.weight"),
-                                       ("moon", "moon.prev.fc1.weight"),
-                                       ("fedala", "fedala.local.fc1.weight")])
+@pytest.mark.parametrize(
+    "algo, key",
+    [
+        ("scaffold", "scaffold.ci.fc1.weight"),
+        ("feddyn", "feddyn.grad.fc1.weight"),
+        ("moon", "moon.prev.fc1.weight"),
+        ("fedala", "fedala.local.fc1.weight"),
+    ],
+)
 def test_stateful_clients_keep_their_state_in_the_store(algo: str, key: str, tmp_path) -> None:
-    config = RunConfig(algo=algo, dataset="digits", model="mlp", num_clients=3, rounds=2, frac=0.67,
-                       optimizer="sgd", lr=0.05, out=str(tmp_path), backbone="random")
+    config = RunConfig(
+        algo=algo,
+        dataset="digits",
+        model="mlp",
+        num_clients=3,
+        rounds=2,
+        frac=0.67,
+        optimizer="sgd",
+        lr=0.05,
+        out=str(tmp_path),
+        backbone="random",
+    )
     prepared = prepare(config)
     execute(prepared)
     store = prepared.algorithm.store

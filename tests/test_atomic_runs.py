@@ -1,4 +1,5 @@
 """A finished result is never destroyed; runs are atomic and claimed (issue 9, item 3)."""
+
 from __future__ import annotations
 
 import json
@@ -66,8 +67,9 @@ def dead_pid() -> int:
 
 def write_claim(paths: RunPaths, pid: int, host: str | None = None, age_s: float = 0.0) -> None:
     paths.claim.parent.mkdir(parents=True, exist_ok=True)
-    paths.claim.write_text(json.dumps({"pid": pid, "host": host or socket.gethostname(),
-                                       "started": time.time() - age_s}))
+    paths.claim.write_text(
+        json.dumps({"pid": pid, "host": host or socket.gethostname(), "started": time.time() - age_s})
+    )
     if age_s:
         stamp = time.time() - age_s
         os.utime(paths.claim, (stamp, stamp))
@@ -138,8 +140,9 @@ def test_claims_live_stale_and_other_hosts(tmp_path: Path) -> None:
         sleeper.wait()
     write_claim(paths, dead_pid())  # the owner died: stale, taken over
     assert claim_owner(paths) is None
-    paths.claim.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                       "started": time.time(), "proc_start": 1}))
+    paths.claim.write_text(
+        json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(), "proc_start": 1})
+    )
     assert claim_owner(paths) is None  # its pid now belongs to another process (started later)
     with Claim(paths):
         assert json.loads(paths.claim.read_text())["pid"] == os.getpid()

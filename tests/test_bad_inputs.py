@@ -1,5 +1,6 @@
 """Every bad input is one clear error before any expensive work (issue 9, item 7): exit code 2,
 exactly one ``Error:`` line on stderr naming the bad value, no traceback, nothing written."""
+
 from __future__ import annotations
 
 import os
@@ -113,16 +114,22 @@ def snapshot(root: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("args, message", CASES, ids=[" ".join(a[:1] + a[-2:]) for a, _ in CASES])
-def test_bad_input_is_one_error_line(args: list[str], message: str, tmp_path: Path, results: Path,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_input_is_one_error_line(
+    args: list[str], message: str, tmp_path: Path, results: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     file = tmp_path / "a-file"
     file.write_text("not a folder")
     out = tmp_path / "out"
     (tmp_path / "raises.py").write_text("raise RuntimeError('boom')\n")
     (tmp_path / "exits.py").write_text("import sys\nsys.exit(3)\n")
-    names = {"FILE": str(file), "OUT": str(out), "RESULTS": str(results),
-             "RAISES": str(tmp_path / "raises.py"), "EXITS": str(tmp_path / "exits.py")}
+    names = {
+        "FILE": str(file),
+        "OUT": str(out),
+        "RESULTS": str(results),
+        "RAISES": str(tmp_path / "raises.py"),
+        "EXITS": str(tmp_path / "exits.py"),
+    }
 
     def fill(text: str) -> str:
         for key, value in names.items():

@@ -1,4 +1,5 @@
 """Issue 9 (1, 2): caches hold no code, are verified on load, heal themselves and never go stale."""
+
 from __future__ import annotations
 
 import os
@@ -23,16 +24,20 @@ from pflbench.registry import DATASETS, register_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 CONVERSIONS: list[int] = []  # one entry per call of the probe loader
-PROBE_INPUTS = torch.arange(7 * 5 * 4 * 4, dtype=torch.int64).remainder(251).to(torch.uint8).reshape(
-    35, 1, 4, 4)
+PROBE_INPUTS = torch.arange(7 * 5 * 4 * 4, dtype=torch.int64).remainder(251).to(torch.uint8).reshape(35, 1, 4, 4)
 
 
 def cache_probe(seed: int = 0) -> TensorDataset:
     """A tiny dataset whose conversions are counted; string groups and info as real ones have."""
     CONVERSIONS.append(seed)
-    return TensorDataset(inputs=PROBE_INPUTS.clone(), labels=torch.arange(35) % 5, num_classes=5,
-                         source=f"probe {seed}", groups=np.array([f"w{i % 3}" for i in range(35)]),
-                         info={"classes": list("abcde"), "seed": seed})
+    return TensorDataset(
+        inputs=PROBE_INPUTS.clone(),
+        labels=torch.arange(35) % 5,
+        num_classes=5,
+        source=f"probe {seed}",
+        groups=np.array([f"w{i % 3}" for i in range(35)]),
+        info={"classes": list("abcde"), "seed": seed},
+    )
 
 
 class Poison:
@@ -73,8 +78,12 @@ def assert_same(a: TensorDataset, b: TensorDataset) -> None:
 
 def test_no_unrestricted_torch_load_anywhere_in_the_repo() -> None:
     needle = "weights_only=" + "False"
-    offenders = [str(p) for folder in ("pflbench", "algorithms", "datasets", "tests", "benchmarks")
-                 for p in (REPO / folder).rglob("*.py") if needle in p.read_text()]
+    offenders = [
+        str(p)
+        for folder in ("pflbench", "algorithms", "datasets", "tests", "benchmarks")
+        for p in (REPO / folder).rglob("*.py")
+        if needle in p.read_text()
+    ]
     assert offenders == []
 
 
@@ -118,8 +127,9 @@ def _torch_zip_poison(path: Path) -> None:
 
 def _valid_but_other_key(path: Path) -> None:
     tensors, meta = cache.load_entry(path)
-    cache.save_entry(path, tensors, {**{k: v for k, v in meta.items() if k != "sha256"},
-                                     "key": {"name": "something else"}})
+    cache.save_entry(
+        path, tensors, {**{k: v for k, v in meta.items() if k != "sha256"}, "key": {"name": "something else"}}
+    )
 
 
 def _numbers_changed_hash_kept(path: Path) -> None:
@@ -128,11 +138,20 @@ def _numbers_changed_hash_kept(path: Path) -> None:
     torch.save({"state_dict": tensors, "meta": meta}, path)
 
 
-@pytest.mark.parametrize("damage", [_truncate, _flip_bit_in_the_images, _garbage, _empty,
-                                    _plain_pickle_poison, _torch_zip_poison, _valid_but_other_key,
-                                    _numbers_changed_hash_kept])
-def test_a_bad_dataset_cache_entry_is_reported_deleted_and_rebuilt(fresh_cache: Path, capsys,
-                                                                   recwarn, damage) -> None:
+@pytest.mark.parametrize(
+    "damage",
+    [
+        _truncate,
+        _flip_bit_in_the_images,
+        _garbage,
+        _empty,
+        _plain_pickle_poison,
+        _torch_zip_poison,
+        _valid_but_other_key,
+        _numbers_changed_hash_kept,
+    ],
+)
+def test_a_bad_dataset_cache_entry_is_reported_deleted_and_rebuilt(fresh_cache: Path, capsys, recwarn, damage) -> None:
     original = load_dataset("cache_probe")
     path = only_entry(fresh_cache)
     damage(path)
@@ -175,8 +194,9 @@ def test_a_killed_writer_leaves_the_previous_entry_whole(fresh_cache: Path) -> N
     assert not old.exists() and young.exists()
 
 
-def test_an_unwritable_cache_costs_speed_not_the_run(fresh_cache: Path, capsys,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unwritable_cache_costs_speed_not_the_run(
+    fresh_cache: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def full_disk(path, write):
         raise OSError(28, "No space left on device")
 
@@ -273,7 +293,8 @@ def test_imagefolder_cache_follows_the_files(fresh_cache: Path, tmp_path: Path, 
 
 
 def test_same_relative_path_in_another_folder_is_not_served_from_the_cache(
-        fresh_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count_decodes) -> None:
+    fresh_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, count_decodes
+) -> None:
     for shade, project in ((0, "a"), (100, "b")):
         _image_folder(tmp_path / project / "data", shade)
     monkeypatch.chdir(tmp_path / "a")
@@ -285,12 +306,10 @@ def test_same_relative_path_in_another_folder_is_not_served_from_the_cache(
     assert str(tmp_path / "b" / "data") in from_b.source
 
 
-def test_parquet_cache_follows_the_files(fresh_cache: Path, tmp_path: Path,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_parquet_cache_follows_the_files(fresh_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def write(folder: Path, offset: float) -> None:
         folder.mkdir(parents=True, exist_ok=True)
-        table = pa.table({"x": [offset + i for i in range(6)], "label": [0, 1] * 3,
-                          "writer": ["u", "v", "w"] * 2})
+        table = pa.table({"x": [offset + i for i in range(6)], "label": [0, 1] * 3, "writer": ["u", "v", "w"] * 2})
         pq.write_table(table, folder / "part.parquet")
 
     write(tmp_path / "one" / "tab", 0.0)
@@ -310,7 +329,6 @@ def test_fingerprint_names_size_and_mtime_of_every_file(tmp_path: Path) -> None:
     root = _image_folder(tmp_path / "pets", shade=0)
     fingerprint = local_files.files_fingerprint(root)
     assert fingerprint["root"] == str(root)
-    assert [name for name, _, _ in fingerprint["files"]] == ["cat/0.png", "cat/1.png", "dog/0.png",
-                                                              "dog/1.png"]
+    assert [name for name, _, _ in fingerprint["files"]] == ["cat/0.png", "cat/1.png", "dog/0.png", "dog/1.png"]
     stat = (root / "cat" / "0.png").stat()
     assert fingerprint["files"][0][1:] == [stat.st_size, stat.st_mtime_ns]

@@ -1,4 +1,5 @@
 """The command line as a user meets it: runs, listings, partitions, plugins and bad input."""
+
 from __future__ import annotations
 
 import json
@@ -28,9 +29,21 @@ def test_run_writes_results_and_exits_zero(tmp_path: Path) -> None:
     assert code == 0, output
     assert "pers_acc" in output
     summary = json.loads((run_folder(tmp_path) / "summary.json").read_text())
-    for key in ("algo", "dataset", "alpha", "seed", "rounds", "pers_acc", "pers_acc_weighted",
-                "pers_acc_std", "pers_acc_worst10", "global_acc", "bytes_up_total",
-                "bytes_down_total", "wall_time_s"):
+    for key in (
+        "algo",
+        "dataset",
+        "alpha",
+        "seed",
+        "rounds",
+        "pers_acc",
+        "pers_acc_weighted",
+        "pers_acc_std",
+        "pers_acc_worst10",
+        "global_acc",
+        "bytes_up_total",
+        "bytes_down_total",
+        "wall_time_s",
+    ):
         assert key in summary, key
     assert summary["algo"] == "fedavg" and summary["rounds"] == 2
     config = json.loads((run_folder(tmp_path) / "config.json").read_text())
@@ -40,15 +53,19 @@ def test_run_writes_results_and_exits_zero(tmp_path: Path) -> None:
 def test_same_seed_same_numbers(tmp_path: Path) -> None:
     outputs = []
     for name in ("a", "b"):
-        code, output = invoke("run", "--algo", "fedprox", "--mu", "0.1", *TINY, "--alpha", "0.1",
-                              "--out", str(tmp_path / name))
+        code, output = invoke(
+            "run", "--algo", "fedprox", "--mu", "0.1", *TINY, "--alpha", "0.1", "--out", str(tmp_path / name)
+        )
         assert code == 0, output
         folder = run_folder(tmp_path / name)
-        records = [{k: v for k, v in json.loads(line).items() if k not in TIMING}
-                   for line in (folder / "rounds.jsonl").read_text().splitlines()]
+        records = [
+            {k: v for k, v in json.loads(line).items() if k not in TIMING}
+            for line in (folder / "rounds.jsonl").read_text().splitlines()
+        ]
         summary = json.loads((folder / "summary.json").read_text())
-        summary = {k: v for k, v in summary.items()
-                   if k not in {"wall_time_s", "round_time_s_mean", "peak_mem_mb", "run_dir"}}
+        summary = {
+            k: v for k, v in summary.items() if k not in {"wall_time_s", "round_time_s_mean", "peak_mem_mb", "run_dir"}
+        }
         outputs.append((records, summary, folder.name))
     assert outputs[0] == outputs[1]
 
@@ -64,8 +81,20 @@ def test_different_seed_different_numbers(tmp_path: Path) -> None:
 def test_list_shows_every_kind() -> None:
     code, output = invoke("list")
     assert code == 0
-    for name in ("fedavg", "fedprox", "local", "digits", "synthetic", "cifar100", "mlp", "cnn",
-                 "dirichlet", "dirichlet-client", "iid", "shards"):
+    for name in (
+        "fedavg",
+        "fedprox",
+        "local",
+        "digits",
+        "synthetic",
+        "cifar100",
+        "mlp",
+        "cnn",
+        "dirichlet",
+        "dirichlet-client",
+        "iid",
+        "shards",
+    ):
         assert name in output, name
     code, output = invoke("list", "partitioners")
     assert code == 0 and "fedavg" not in output and "dirichlet" in output
@@ -79,8 +108,19 @@ def test_help_shows_defaults_and_algorithm_options() -> None:
 
 def test_partition_prints_statistics_and_plots(tmp_path: Path) -> None:
     plot, saved = tmp_path / "labels.png", tmp_path / "partition.json"
-    code, output = invoke("partition", "--dataset", "digits", "--alpha", "0.1", "--num-clients", "5",
-                          "--plot", str(plot), "--save", str(saved))
+    code, output = invoke(
+        "partition",
+        "--dataset",
+        "digits",
+        "--alpha",
+        "0.1",
+        "--num-clients",
+        "5",
+        "--plot",
+        str(plot),
+        "--save",
+        str(saved),
+    )
     assert code == 0, output
     assert "classes/client" in output and plot.stat().st_size > 1000
     data = json.loads(saved.read_text())
@@ -113,8 +153,9 @@ class ShrinkAvg(FedAvg):
 def test_outside_plugin_file_runs_with_its_own_option(tmp_path: Path) -> None:
     plugin = tmp_path / "shrink_plugin.py"
     plugin.write_text(PLUGIN)
-    code, output = invoke("run", "--plugin", str(plugin), "--algo", "shrinkavg", "--shrink", "0.9",
-                          *TINY, "--out", str(tmp_path / "out"))
+    code, output = invoke(
+        "run", "--plugin", str(plugin), "--algo", "shrinkavg", "--shrink", "0.9", *TINY, "--out", str(tmp_path / "out")
+    )
     assert code == 0, output
     config = json.loads((run_folder(tmp_path / "out") / "config.json").read_text())
     assert config["algo_hparams"] == {"shrink": 0.9} and config["plugins"] == [str(plugin)]
@@ -122,25 +163,28 @@ def test_outside_plugin_file_runs_with_its_own_option(tmp_path: Path) -> None:
     assert "shrinkavg" in output
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--algo", "fedavgg"], "unknown algorithm 'fedavgg' (did you mean 'fedavg'?)"),
-    (["--dataset", "nope"], "unknown dataset 'nope'"),
-    (["--model", "nope"], "unknown model 'nope'"),
-    (["--partition", "nope"], "unknown partitioner 'nope'"),
-    (["--alpha", "0"], "--alpha must be a finite number > 0"),
-    (["--alpha", "-1"], "--alpha must be a finite number > 0"),
-    (["--alpha", "abc"], "'abc' is not a valid float"),
-    (["--alpha", "nan"], "--alpha must be a finite number > 0"),
-    (["--num-clients", "0"], "--num-clients must be ≥ 1"),
-    (["--num-clients", "1000"], "1000 clients × min_size=10 needs 10000 samples"),
-    (["--frac", "0"], "--frac must be in (0, 1]"),
-    (["--frac", "1.5"], "--frac must be in (0, 1]"),
-    (["--rounds", "0"], "--rounds must be ≥ 1"),
-    (["--mu", "0.1"], "--mu is not an option of --algo fedavg"),
-    (["--plugin", "/no/such/file.py"], "is not a readable .py file"),
-    (["--device", "cuda:7"], "--device"),
-    (["--dataset", "cifar10"], "uoft-cs/cifar10"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--algo", "fedavgg"], "unknown algorithm 'fedavgg' (did you mean 'fedavg'?)"),
+        (["--dataset", "nope"], "unknown dataset 'nope'"),
+        (["--model", "nope"], "unknown model 'nope'"),
+        (["--partition", "nope"], "unknown partitioner 'nope'"),
+        (["--alpha", "0"], "--alpha must be a finite number > 0"),
+        (["--alpha", "-1"], "--alpha must be a finite number > 0"),
+        (["--alpha", "abc"], "'abc' is not a valid float"),
+        (["--alpha", "nan"], "--alpha must be a finite number > 0"),
+        (["--num-clients", "0"], "--num-clients must be ≥ 1"),
+        (["--num-clients", "1000"], "1000 clients × min_size=10 needs 10000 samples"),
+        (["--frac", "0"], "--frac must be in (0, 1]"),
+        (["--frac", "1.5"], "--frac must be in (0, 1]"),
+        (["--rounds", "0"], "--rounds must be ≥ 1"),
+        (["--mu", "0.1"], "--mu is not an option of --algo fedavg"),
+        (["--plugin", "/no/such/file.py"], "is not a readable .py file"),
+        (["--device", "cuda:7"], "--device"),
+        (["--dataset", "cifar10"], "uoft-cs/cifar10"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(args: list[str], message: str, tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["run", *TINY, *args, "--out", str(tmp_path)])
     assert result.exit_code == 2, result.output
@@ -167,8 +211,18 @@ def test_contributing_example_plugin_runs(tmp_path: Path) -> None:
     code = text.split('```python\n"""FedAnchor')[1].split("```")[0]
     plugin = tmp_path / "fedanchor.py"
     plugin.write_text('"""FedAnchor' + code)
-    code, output = invoke("run", "--plugin", str(plugin), "--algo", "fedanchor", "--strength", "0.05",
-                          *TINY, "--out", str(tmp_path / "out"))
+    code, output = invoke(
+        "run",
+        "--plugin",
+        str(plugin),
+        "--algo",
+        "fedanchor",
+        "--strength",
+        "0.05",
+        *TINY,
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert code == 0, output
     records = (run_folder(tmp_path / "out") / "rounds.jsonl").read_text().splitlines()
     assert "loss_anchor" in json.loads(records[-1])

@@ -1,4 +1,5 @@
 """`run --config FILE` / `sweep --config FILE`: options from TOML/YAML, the command line wins."""
+
 from __future__ import annotations
 
 import json
@@ -52,7 +53,9 @@ def write(path: Path, text: str) -> Path:
 
 
 def test_toml_values_become_options_and_the_command_line_overrides(tmp_path: Path) -> None:
-    config = write(tmp_path / "run.toml", """
+    config = write(
+        tmp_path / "run.toml",
+        """
 algo = "fedprox"
 mu = 0.1
 local-epochs = 2
@@ -60,12 +63,13 @@ lr = 0.2
 num_clients = 5
 dataset_option = {num_samples = 200}
 pretrained = false
-""")
+""",
+    )
     ctx = parse(run_command, "--config", str(config), "--lr", "0.3", "--seed", "4")
     params = ctx.params
     assert params["algo"] == "fedprox" and params["mu"] == 0.1 and params["local_epochs"] == 2
     assert params["num_clients"] == 5 and params["dataset_option"] == ("num_samples=200",)
-    assert params["lr"] == 0.3 and params["seed"] == 4          # the command line wins
+    assert params["lr"] == 0.3 and params["seed"] == 4  # the command line wins
     assert ctx.get_parameter_source("lr") is ParameterSource.COMMANDLINE
     assert ctx.get_parameter_source("mu") is ParameterSource.DEFAULT_MAP
     assert ctx.get_parameter_source("rounds") is ParameterSource.DEFAULT
@@ -73,20 +77,25 @@ pretrained = false
 
 def test_yaml_is_read_like_toml(tmp_path: Path) -> None:
     pytest.importorskip("yaml")
-    config = write(tmp_path / "run.yaml", "algo: fedrep\nhead-epochs: 3\nmodel_option: [hidden=64]\n"
-                                          "log: tensorboard\nsave-model: true\n")
+    config = write(
+        tmp_path / "run.yaml",
+        "algo: fedrep\nhead-epochs: 3\nmodel_option: [hidden=64]\nlog: tensorboard\nsave-model: true\n",
+    )
     params = parse(run_command, "--config", str(config)).params
     assert params["algo"] == "fedrep" and params["head_epochs"] == 3
     assert params["model_option"] == ("hidden=64",) and params["log"] == ("tensorboard",)
     assert params["save_model"] is True
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ('lrr = 0.1\n', "unknown key 'lrr'; valid keys: "),
-    ('optimizer = "rmsprop"\n', "'rmsprop' is not one of"),
-    ('lr = [0.1, 0.2]\n', "'lr' takes one value"),
-    ('lr = \n', "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("lrr = 0.1\n", "unknown key 'lrr'; valid keys: "),
+        ('optimizer = "rmsprop"\n', "'rmsprop' is not one of"),
+        ("lr = [0.1, 0.2]\n", "'lr' takes one value"),
+        ("lr = \n", "not valid TOML"),
+    ],
+)
 def test_bad_config_files_are_one_line_errors(tmp_path: Path, text: str, message: str) -> None:
     config = write(tmp_path / "bad.toml", text)
     code, output = invoke("run", "--config", str(config), "--out", str(tmp_path / "out"))
@@ -112,12 +121,25 @@ def test_missing_and_unknown_format(tmp_path: Path) -> None:
 
 
 def test_run_from_a_config_file_equals_the_same_options(tmp_path: Path) -> None:
-    config = write(tmp_path / "run.toml", 'model = "mlp"\nnum_clients = 4\nrounds = 2\nlr = 0.05\n'
-                                          f'out = "{tmp_path / "a"}"\n')
+    config = write(
+        tmp_path / "run.toml", f'model = "mlp"\nnum_clients = 4\nrounds = 2\nlr = 0.05\nout = "{tmp_path / "a"}"\n'
+    )
     code, output = invoke("run", "--config", str(config), "--quiet")
     assert code == 0, output
-    code, output = invoke("run", "--model", "mlp", "--num-clients", "4", "--rounds", "2", "--lr", "0.05",
-                          "--out", str(tmp_path / "b"), "--quiet")
+    code, output = invoke(
+        "run",
+        "--model",
+        "mlp",
+        "--num-clients",
+        "4",
+        "--rounds",
+        "2",
+        "--lr",
+        "0.05",
+        "--out",
+        str(tmp_path / "b"),
+        "--quiet",
+    )
     assert code == 0, output
     (a,), (b,) = (list((tmp_path / x / "runs").iterdir()) for x in "ab")
     assert a.name == b.name
@@ -129,23 +151,24 @@ def test_paper_example_parses_into_the_expected_grid() -> None:
     path = ROOT / "examples" / "paper_digits.toml"
     ctx = parse(sweep, "--config", str(path))
     with ctx:
-        base, grid = sweep_plan(**{k: v for k, v in ctx.params.items()
-                                   if k not in ("quiet", "dry_run", "plugin")})
+        base, grid = sweep_plan(**{k: v for k, v in ctx.params.items() if k not in ("quiet", "dry_run", "plugin")})
         runs = expand_grid(base, grid)
     assert grid.algos == ("fedavg", "fedper", "fedrep") and grid.datasets == ("digits",)
     assert grid.alphas == (0.1, 1.0) and grid.seeds == (0, 1, 2)
     assert len(runs) == 18 and len({r.name for r in runs}) == 18
     assert {(r.config.algo, r.config.alpha, r.config.seed) for r in runs} == {
-        (a, alpha, s) for a in grid.algos for alpha in grid.alphas for s in grid.seeds}
+        (a, alpha, s) for a in grid.algos for alpha in grid.alphas for s in grid.seeds
+    }
     for run in runs:
         c = run.config
-        assert (c.model, c.lr, c.rounds, c.num_clients, c.batch_size, c.out) == (
-            "cnn", 0.1, 50, 20, 32, "paper_digits")
+        assert (c.model, c.lr, c.rounds, c.num_clients, c.batch_size, c.out) == ("cnn", 0.1, 50, 20, 32, "paper_digits")
     assert {r.algo_options.get("head_epochs") for r in runs if r.config.algo == "fedrep"} == {2}
 
 
 def test_sweep_file_with_set_table_and_command_line_override(tmp_path: Path) -> None:
-    config = write(tmp_path / "grid.toml", """
+    config = write(
+        tmp_path / "grid.toml",
+        """
 algos = "fedavg,fedprox"
 alphas = [0.5]
 seeds = [0, 1]
@@ -153,11 +176,11 @@ model = "mlp"
 [set]
 mu = [0.01, 0.1]
 lr = [0.05]
-""")
+""",
+    )
     ctx = parse(sweep, "--config", str(config), "--seeds", "3")
     with ctx:
-        base, grid = sweep_plan(**{k: v for k, v in ctx.params.items()
-                                   if k not in ("quiet", "dry_run", "plugin")})
+        base, grid = sweep_plan(**{k: v for k, v in ctx.params.items() if k not in ("quiet", "dry_run", "plugin")})
         runs = expand_grid(base, grid)
     assert grid.seeds == (3,) and grid.axes == {"mu": ("0.01", "0.1"), "lr": ("0.05",)}
     assert len(runs) == 3  # fedavg + fedprox × two mu
@@ -165,8 +188,7 @@ lr = [0.05]
 
 
 def test_sweep_dry_run_lists_runs(tmp_path: Path) -> None:
-    config = write(tmp_path / "grid.toml", f'algos = ["fedavg", "local"]\nseeds = [0, 1]\n'
-                                           f'out = "{tmp_path / "o"}"\n')
+    config = write(tmp_path / "grid.toml", f'algos = ["fedavg", "local"]\nseeds = [0, 1]\nout = "{tmp_path / "o"}"\n')
     code, output = invoke("sweep", "--config", str(config), "--dry-run")
     assert code == 0, output
     assert "4 runs (dry run" in output and not (tmp_path / "o").exists()
@@ -175,9 +197,12 @@ def test_sweep_dry_run_lists_runs(tmp_path: Path) -> None:
 def test_config_file_plugin_registers_its_algorithm_and_reruns(tmp_path: Path) -> None:
     plugin = tmp_path / "shrink_plugin.py"
     plugin.write_text(PLUGIN)
-    config = write(tmp_path / "run.toml", f'plugin = ["{plugin}"]\nalgo = "dampavg"\ndamp = 0.9\n'
-                                          f'model = "mlp"\nnum_clients = 4\nrounds = 2\n'
-                                          f'out = "{tmp_path / "out"}"\n')
+    config = write(
+        tmp_path / "run.toml",
+        f'plugin = ["{plugin}"]\nalgo = "dampavg"\ndamp = 0.9\n'
+        f'model = "mlp"\nnum_clients = 4\nrounds = 2\n'
+        f'out = "{tmp_path / "out"}"\n',
+    )
     code, output = invoke("run", "--config", str(config), "--quiet")
     assert code == 0, output
     (folder,) = list((tmp_path / "out" / "runs").iterdir())

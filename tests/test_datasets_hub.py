@@ -3,6 +3,7 @@
 Everything runs offline on tiny generated files with the hub datasets' real schemas, laid out
 like the hub repositories, loaded through ``pflbench.data.load_dataset``.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -10,20 +11,19 @@ import socket
 import time
 from pathlib import Path
 
-import datasets
 import huggingface_hub.constants
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from datasets import ClassLabel, Dataset, Features, Image, Value
 from PIL import Image as PILImage
 
+import datasets
+from datasets import ClassLabel, Dataset, Features, Image, Value
 from pflbench.data import load_dataset
 from pflbench.errors import ConfigError
 
-CIFAR10_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
-                 "truck"]
+CIFAR10_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 CIFAR10_README = """---
 configs:
 - config_name: plain_text
@@ -63,16 +63,21 @@ def _write_split(file: Path, features: Features, columns: dict[str, list]) -> No
     Dataset.from_dict(columns, features=features).to_parquet(str(file))
 
 
-def _write_hub_repo(root: Path, config: str, image_column: str, shape: tuple[int, ...],
-                    label_features: dict[str, ClassLabel], seed: int = 0) -> dict[str, np.ndarray]:
+def _write_hub_repo(
+    root: Path,
+    config: str,
+    image_column: str,
+    shape: tuple[int, ...],
+    label_features: dict[str, ClassLabel],
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
     """A hub-repo-like folder: ``config/{train,test}-00000-of-00001.parquet`` (12 + 6 rows)."""
     rng = np.random.default_rng(seed)
     features = Features({image_column: Image(), **label_features})
     written: dict[str, list[np.ndarray]] = {image_column: [], **{k: [] for k in label_features}}
     for split, n in [("train", 12), ("test", 6)]:
         columns = {image_column: list(_random_images(rng, n, shape))}
-        columns |= {k: rng.integers(0, f.num_classes, n).tolist()
-                    for k, f in label_features.items()}
+        columns |= {k: rng.integers(0, f.num_classes, n).tolist() for k, f in label_features.items()}
         _write_split(root / config / f"{split}-00000-of-00001.parquet", features, columns)
         for key, values in columns.items():
             written[key].append(np.asarray(values))
@@ -80,8 +85,7 @@ def _write_hub_repo(root: Path, config: str, image_column: str, shape: tuple[int
 
 
 def _cifar10_repo(root: Path) -> dict[str, np.ndarray]:
-    written = _write_hub_repo(root, "plain_text", "img", (32, 32, 3),
-                              {"label": ClassLabel(names=CIFAR10_NAMES)})
+    written = _write_hub_repo(root, "plain_text", "img", (32, 32, 3), {"label": ClassLabel(names=CIFAR10_NAMES)})
     (root / "README.md").write_text(CIFAR10_README)
     return written
 
@@ -107,10 +111,13 @@ def test_cifar10_from_hub_repo_clone_pools_splits(tmp_path: Path) -> None:
     assert "uoft-cs/cifar10" in data.source and "train: 12, test: 6" in data.source
 
 
-@pytest.mark.parametrize("name, hub_id, config", [
-    ("mnist", "ylecun/mnist", "mnist"),
-    ("fashion_mnist", "zalando-datasets/fashion_mnist", "fashion_mnist"),
-])
+@pytest.mark.parametrize(
+    "name, hub_id, config",
+    [
+        ("mnist", "ylecun/mnist", "mnist"),
+        ("fashion_mnist", "zalando-datasets/fashion_mnist", "fashion_mnist"),
+    ],
+)
 def test_grayscale_hub_datasets(tmp_path: Path, name: str, hub_id: str, config: str) -> None:
     labels = {"label": ClassLabel(names=[str(i) for i in range(10)])}
     written = _write_hub_repo(tmp_path / name, config, "image", (28, 28), labels)
@@ -122,8 +129,10 @@ def test_grayscale_hub_datasets(tmp_path: Path, name: str, hub_id: str, config: 
 
 
 def test_cifar100_fine_and_coarse_labels(tmp_path: Path) -> None:
-    labels = {"fine_label": ClassLabel(names=[f"fine{i}" for i in range(100)]),
-              "coarse_label": ClassLabel(names=[f"coarse{i}" for i in range(20)])}
+    labels = {
+        "fine_label": ClassLabel(names=[f"fine{i}" for i in range(100)]),
+        "coarse_label": ClassLabel(names=[f"coarse{i}" for i in range(20)]),
+    }
     written = _write_hub_repo(tmp_path / "c100", "cifar100", "img", (32, 32, 3), labels)
     fine = load_dataset("cifar100", {"data_dir": str(tmp_path / "c100")})
     coarse = load_dataset("cifar100", {"data_dir": str(tmp_path / "c100"), "label": "coarse"})
@@ -224,32 +233,33 @@ def test_parquet_images_with_groups_pools_files(tmp_path: Path) -> None:
     rng = np.random.default_rng(2)
     images = _random_images(rng, 10, (28, 28))
     writers = [f"f{i % 3:04d}" for i in range(10)]
-    features = Features({"image": Image(), "character": ClassLabel(num_classes=62),
-                         "writer_id": Value("string")})
+    features = Features({"image": Image(), "character": ClassLabel(num_classes=62), "writer_id": Value("string")})
     for part, rows in enumerate([slice(0, 6), slice(6, 10)]):
-        _write_split(tmp_path / "femnist" / f"part-{part}.parquet", features,
-                     {"image": list(images[rows]), "character": list(range(10))[rows],
-                      "writer_id": writers[rows]})
-    data = load_dataset("parquet", {"path": str(tmp_path / "femnist"), "label_column": "character",
-                                    "group_column": "writer_id"})
+        _write_split(
+            tmp_path / "femnist" / f"part-{part}.parquet",
+            features,
+            {"image": list(images[rows]), "character": list(range(10))[rows], "writer_id": writers[rows]},
+        )
+    data = load_dataset(
+        "parquet", {"path": str(tmp_path / "femnist"), "label_column": "character", "group_column": "writer_id"}
+    )
     assert data.inputs.shape == (10, 1, 28, 28) and data.num_classes == 62
     assert np.array_equal(data.inputs[:, 0].numpy(), images)
     assert data.labels.tolist() == list(range(10)) and data.groups.tolist() == writers
 
 
 def test_parquet_feature_table(tmp_path: Path) -> None:
-    table = pd.DataFrame({"f1": [0.5, 1.5, 2.5, 3.5], "f2": [1, 2, 3, 4],
-                          "label": ["cat", "dog", "cat", "emu"], "client": [7, 7, 8, 8]})
+    table = pd.DataFrame(
+        {"f1": [0.5, 1.5, 2.5, 3.5], "f2": [1, 2, 3, 4], "label": ["cat", "dog", "cat", "emu"], "client": [7, 7, 8, 8]}
+    )
     table.to_parquet(tmp_path / "table.parquet")
-    data = load_dataset("parquet", {"path": str(tmp_path / "table.parquet"),
-                                    "group_column": "client"})
+    data = load_dataset("parquet", {"path": str(tmp_path / "table.parquet"), "group_column": "client"})
     assert data.inputs.shape == (4, 2) and data.inputs.dtype == torch.float32
     assert data.inputs[:, 1].tolist() == [1, 2, 3, 4]
     assert data.info["feature_columns"] == ["f1", "f2"]
     assert data.labels.tolist() == [0, 1, 0, 2] and data.num_classes == 3
     assert data.groups.tolist() == [7, 7, 8, 8]
-    only_f2 = load_dataset("parquet", {"path": str(tmp_path / "table.parquet"),
-                                       "feature_columns": "f2"})
+    only_f2 = load_dataset("parquet", {"path": str(tmp_path / "table.parquet"), "feature_columns": "f2"})
     assert only_f2.inputs.shape == (4, 1)
     with pytest.raises(ConfigError, match="no column 'nope'"):
         load_dataset("parquet", {"path": str(tmp_path / "table.parquet"), "label_column": "nope"})

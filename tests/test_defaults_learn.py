@@ -6,6 +6,7 @@ that learn"). lr 0.01 (the old default) left FedAvg at chance after 5 rounds; wi
 family's lr 0.1 every built-in algorithm ends well above chance (0.1). Here: resolution picks
 the family's values (and only for unset settings), and one short run learns.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,8 +26,21 @@ from pflbench.defaults import (
 from pflbench.registry import ALGORITHMS
 
 SMALL_LR = DEFAULTS_BY_FAMILY["small"]["lr"]
-BUILTIN = ("fedavg", "fedprox", "local", "fedper", "fedrep", "flexlora", "fedsdg", "fedbn", "fedrod",
-           "fedala", "scaffold", "moon", "feddyn")
+BUILTIN = (
+    "fedavg",
+    "fedprox",
+    "local",
+    "fedper",
+    "fedrep",
+    "flexlora",
+    "fedsdg",
+    "fedbn",
+    "fedrod",
+    "fedala",
+    "scaffold",
+    "moon",
+    "feddyn",
+)
 
 
 def resolved(config: RunConfig, algo: str = "fedavg", shared: dict | None = None):
@@ -54,15 +68,15 @@ def test_algorithm_refinements_of_the_family() -> None:
 def test_other_models_lora_runs_and_given_values_keep_theirs() -> None:
     config, applied = resolved(RunConfig(model="resnet18"))
     assert model_family("resnet18") is None and config.lr == BASE_DEFAULTS["lr"] == 0.01
-    config, applied = resolved(RunConfig(lr=0.03))                       # given: kept
+    config, applied = resolved(RunConfig(lr=0.03))  # given: kept
     assert config.lr == 0.03 and "lr" not in applied
-    config, _ = resolved(RunConfig(lora_rank=4))                         # LoRA: lora.RUN_DEFAULTS
+    config, _ = resolved(RunConfig(lora_rank=4))  # LoRA: lora.RUN_DEFAULTS
     assert (config.model, config.lr, config.optimizer) == (LORA_RUN_DEFAULTS["model"], 1e-3, "adam")
-    config, _ = resolved(RunConfig(model="mlp", lora_rank=4))            # LoRA on a small model too
+    config, _ = resolved(RunConfig(model="mlp", lora_rank=4))  # LoRA on a small model too
     assert config.lr == 1e-3
-    config, _ = resolved(RunConfig(), shared=LORA_RUN_DEFAULTS)          # a LoRA sweep's shared defaults
+    config, _ = resolved(RunConfig(), shared=LORA_RUN_DEFAULTS)  # a LoRA sweep's shared defaults
     assert config.lr == 1e-3 and config.model == LORA_RUN_DEFAULTS["model"]
-    config, _ = resolved(RunConfig(), algo="fedsdg")                     # the algorithm's own first
+    config, _ = resolved(RunConfig(), algo="fedsdg")  # the algorithm's own first
     assert config.max_grad_norm == 1.0 and config.lr == 1e-3
 
 

@@ -1,6 +1,7 @@
 """Divergence is never a normal result (issue 9, item 5): a non-finite loss or parameter stops the
 run with status ``diverged`` (round, client, term), keeps the partial results, exits 1 with one
 ``Error:`` line; a finished run says ``"status": "completed"``."""
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,9 @@ def test_huge_lr_diverges_cleanly(tmp_path: Path) -> None:
 
 
 def test_library_raises_run_diverged_with_summary(tmp_path: Path) -> None:
-    config = RunConfig(algo="fedprox", dataset="digits", model="mlp", num_clients=3, rounds=3, lr=1e6,
-                       out=str(tmp_path))
+    config = RunConfig(
+        algo="fedprox", dataset="digits", model="mlp", num_clients=3, rounds=3, lr=1e6, out=str(tmp_path)
+    )
     with pytest.raises(RunDiverged) as caught:
         run_experiment(config, {"mu": 0.1})
     assert caught.value.summary["status"] == "diverged"

@@ -1,4 +1,5 @@
 """Hand-checked engine pieces: FedAvg weighting, the proximal term, the client-state store."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,13 +11,15 @@ from pflbench.algorithms.fedprox import proximal_term
 from pflbench.config import RunConfig
 from pflbench.engine import ClientStateStore, ClientUpdate, tensor_bytes, weighted_average
 from pflbench.registry import ALGORITHMS
-from pflbench.testing import Harness
 from pflbench.runner import prepare
+from pflbench.testing import Harness
 
 
 def test_weighted_average_hand_computed() -> None:
-    updates = [{"w": torch.tensor([1.0, 2.0]), "b": torch.tensor(3.0)},
-               {"w": torch.tensor([4.0, 8.0]), "b": torch.tensor(-1.0)}]
+    updates = [
+        {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor(3.0)},
+        {"w": torch.tensor([4.0, 8.0]), "b": torch.tensor(-1.0)},
+    ]
     average = weighted_average(updates, [0.25, 0.75])
     assert torch.allclose(average["w"], torch.tensor([3.25, 6.5]))
     assert torch.allclose(average["b"], torch.tensor(0.0))
@@ -29,8 +32,10 @@ def test_fedavg_aggregate_weights_by_samples() -> None:
     name = server.shared_names[0]
     shape = server.global_state[name].shape
     ones, threes = torch.ones(shape), torch.full(shape, 3.0)
-    updates = [ClientUpdate(0, 10, {n: torch.ones_like(t) for n, t in server.global_state.items()}, {}),
-               ClientUpdate(1, 30, {n: torch.full_like(t, 3.0) for n, t in server.global_state.items()}, {})]
+    updates = [
+        ClientUpdate(0, 10, {n: torch.ones_like(t) for n, t in server.global_state.items()}, {}),
+        ClientUpdate(1, 30, {n: torch.full_like(t, 3.0) for n, t in server.global_state.items()}, {}),
+    ]
     server.aggregate(updates)
     expected = (10 * ones + 30 * threes) / 40  # = 2.5
     assert torch.allclose(server.global_state[name], expected)
@@ -101,9 +106,17 @@ def test_same_seed_gives_same_client_sequence_for_every_algorithm() -> None:
     sequences = {}
     builtin = [a for a in ALGORITHMS.names() if ALGORITHMS.get(a).__module__.startswith("pflbench.algorithms.")]
     for algo in builtin:  # (plugins loaded by other tests' --plugin stay registered in this process)
-        config = RunConfig(algo=algo, model="cnn_bn" if algo == "fedbn" else "mlp", num_clients=10, frac=0.3,
-                           rounds=1, out="unused", lora_targets="fc1,fc2", backbone="random",
-                           optimizer="sgd" if algo == "scaffold" else None)  # LoRA algorithms: the mlp's body
+        config = RunConfig(
+            algo=algo,
+            model="cnn_bn" if algo == "fedbn" else "mlp",
+            num_clients=10,
+            frac=0.3,
+            rounds=1,
+            out="unused",
+            lora_targets="fc1,fc2",
+            backbone="random",
+            optimizer="sgd" if algo == "scaffold" else None,
+        )  # LoRA algorithms: the mlp's body
         server = Harness(prepare(config))
         sequences[algo] = [server.sample_clients() for _ in range(5)]
     first = next(iter(sequences.values()))
@@ -129,6 +142,7 @@ def test_optimizer_is_data_and_builds_the_same_torch_optimizer() -> None:
     assert [g["lr"] for g in adam.param_groups] == [0.1, 0.5]
     assert adam.param_groups[1]["params"][0] is params["b"]
     import pickle
+
     assert pickle.loads(pickle.dumps(OptimizerSpec("adam", lr=0.1))) == OptimizerSpec("adam", lr=0.1)
 
 
@@ -170,8 +184,18 @@ def test_inert_settings_do_not_change_the_run_identity() -> None:
 
 def test_head_layers_are_honoured_under_lora() -> None:
     """Defect: LoRA froze all but a 1-layer head, so FedPer's extra head layers dropped out."""
-    config = RunConfig(algo="fedper", dataset="digits", model="mlp", num_clients=3, rounds=1,
-                       lora_rank=2, lora_targets="fc1", head_layers=2, backbone="random", out="unused")
+    config = RunConfig(
+        algo="fedper",
+        dataset="digits",
+        model="mlp",
+        num_clients=3,
+        rounds=1,
+        lora_rank=2,
+        lora_targets="fc1",
+        head_layers=2,
+        backbone="random",
+        out="unused",
+    )
     server = Harness(prepare(config))
     assert set(server.private_names) == {"fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"}
     assert {"fc1.lora_A", "fc1.lora_B"} <= set(server.shared_names)

@@ -1,21 +1,20 @@
 """FedSDG: the server's alignment aggregation (seed 001 worked example and edge cases) and the
 client side (penalties, gates, private branch, optimizer) on a 6-block ViT."""
+
 from __future__ import annotations
 
 import math
 
 import numpy as np
 import pytest
-
-from pflbench import ClientProgram
 import torch
 
-from pflbench.algorithms.fedsdg import (GatedLoRALinear, fedsdg_server_aggregate, gate_penalty,
-                                        weight_statistics)
+from pflbench import ClientProgram
+from pflbench.algorithms.fedsdg import GatedLoRALinear, fedsdg_server_aggregate, gate_penalty, weight_statistics
 from pflbench.config import RunConfig
 from pflbench.registry import ALGORITHMS
-from pflbench.testing import Harness
 from pflbench.runner import prepare
+from pflbench.testing import Harness
 
 T = torch.tensor
 
@@ -26,8 +25,9 @@ def cosine(a, b):
 
 def test_seed_worked_example() -> None:
     """Seed 001: θ = [1, 2]; clients [1.5, 2.3], [1.6, 2.4], [0.5, 1.8] → w ≈ [0.498, 0.502, 0]."""
-    new, weights = fedsdg_server_aggregate({"w": T([1.0, 2.0])},
-                                           [{"w": T([1.5, 2.3])}, {"w": T([1.6, 2.4])}, {"w": T([0.5, 1.8])}])
+    new, weights = fedsdg_server_aggregate(
+        {"w": T([1.0, 2.0])}, [{"w": T([1.5, 2.3])}, {"w": T([1.6, 2.4])}, {"w": T([0.5, 1.8])}]
+    )
     assert weights == pytest.approx([0.498, 0.502, 0.0], abs=1e-3)
     assert new["w"].tolist() == pytest.approx([1.550, 2.351], abs=1e-3)
 
@@ -102,9 +102,19 @@ VIT = ("depth=6", "embed_dim=24", "num_heads=2", "patch_size=4")
 
 @pytest.fixture(scope="module")
 def server():
-    config = RunConfig(algo="fedsdg", dataset="digits", model="vit_tiny_patch16_224", model_option=VIT,
-                       num_clients=4, frac=0.5, rounds=2, optimizer="adam", lr=1e-3,
-                       backbone="random", out="unused")
+    config = RunConfig(
+        algo="fedsdg",
+        dataset="digits",
+        model="vit_tiny_patch16_224",
+        model_option=VIT,
+        num_clients=4,
+        frac=0.5,
+        rounds=2,
+        optimizer="adam",
+        lr=1e-3,
+        backbone="random",
+        out="unused",
+    )
     return Harness(prepare(config))
 
 
@@ -129,8 +139,12 @@ def test_effective_weight_is_shared_plus_gated_private(server) -> None:
         x = torch.randn(3, layer.base.in_features)
         s = layer.scaling
         m = torch.sigmoid(layer.gate.lambda_k_logit)
-        expected = x @ (layer.base.weight + s * (layer.lora_B @ layer.lora_A
-                                                 + m * layer.lora_B_private @ layer.lora_A_private)).T
+        expected = (
+            x
+            @ (
+                layer.base.weight + s * (layer.lora_B @ layer.lora_A + m * layer.lora_B_private @ layer.lora_A_private)
+            ).T
+        )
         assert torch.allclose(layer(x), expected + layer.base.bias, atol=1e-5)
         layer.lora_A_private.zero_()
 
@@ -169,12 +183,22 @@ def test_private_params_and_gates_never_travel(server, record_traffic) -> None:
     assert not private & set(server.global_state)
     trained = [k for k in range(4) if k in server.store]
     assert trained and all(set(server.store.get(k)) == private for k in trained)
-    moved = [not torch.equal(server.store.get(k)[n], server.store.initial[n])
-             for k in trained for n in server.gate_names]
+    moved = [
+        not torch.equal(server.store.get(k)[n], server.store.initial[n]) for k in trained for n in server.gate_names
+    ]
     assert any(moved), "gates train on the client"
-    for key in ("loss_task", "loss_gate_penalty", "loss_private_penalty", "agg_weight_mean", "agg_weight_std",
-                "agg_weight_min", "agg_weight_max", "agg_weight_zeros", "agg_weight_entropy",
-                "agg_fallbacks"):
+    for key in (
+        "loss_task",
+        "loss_gate_penalty",
+        "loss_private_penalty",
+        "agg_weight_mean",
+        "agg_weight_std",
+        "agg_weight_min",
+        "agg_weight_max",
+        "agg_weight_zeros",
+        "agg_weight_entropy",
+        "agg_fallbacks",
+    ):
         assert key in records[-1], key
     assert not {"task_loss", "gate_penalty", "private_penalty"} & set(records[-1]), "each term logged once"
     summary, columns = server.final_report()
@@ -192,9 +216,17 @@ def test_global_model_forces_gates_to_zero(server) -> None:
 
 @pytest.mark.parametrize("algo", [a for a in ALGORITHMS.names() if a != "fedsdg"])
 def test_penalties_absent_for_every_other_algorithm(algo: str) -> None:
-    config = RunConfig(algo=algo, dataset="digits", model="cnn_bn" if algo == "fedbn" else "mlp", num_clients=3,
-                       rounds=1, lora_targets="fc1,fc2", backbone="random", out="unused",
-                       optimizer="sgd" if algo == "scaffold" else None)
+    config = RunConfig(
+        algo=algo,
+        dataset="digits",
+        model="cnn_bn" if algo == "fedbn" else "mlp",
+        num_clients=3,
+        rounds=1,
+        lora_targets="fc1,fc2",
+        backbone="random",
+        out="unused",
+        optimizer="sgd" if algo == "scaffold" else None,
+    )
     other = Harness(prepare(config))
     if type(other.program).local_update is not ClientProgram.local_update:
         pytest.skip(f"{algo} computes its loss in its own local update (job state)")
@@ -210,9 +242,27 @@ def test_cli_run_writes_gates_and_plots_heatmap(tmp_path) -> None:
     from pflbench.cli import cli
 
     out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["run", "--algo", "fedsdg", "--model", "mlp", "--lora-targets", "fc1,fc2",
-                                      "--backbone", "random", "--num-clients", "3", "--rounds", "2",
-                                      "--quiet", "--out", str(out)])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "run",
+            "--algo",
+            "fedsdg",
+            "--model",
+            "mlp",
+            "--lora-targets",
+            "fc1,fc2",
+            "--backbone",
+            "random",
+            "--num-clients",
+            "3",
+            "--rounds",
+            "2",
+            "--quiet",
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     (run_dir,) = list((out / "runs").iterdir())
     header = (run_dir / "clients.csv").read_text().splitlines()[0]

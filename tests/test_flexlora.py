@@ -1,4 +1,5 @@
 """FlexLoRA: the pure aggregation/redistribution math, rank assignment, and heterogeneous rounds."""
+
 from __future__ import annotations
 
 import json
@@ -8,23 +9,35 @@ import numpy as np
 import pytest
 import torch
 
-from pflbench.algorithms.flexlora import (aggregate_lora_deltas, client_ranks, factored_svd,
-                                          spectral_energy_kept, stack_lora_factors, svd_redistribute,
-                                          truncate_factors)
+from pflbench.algorithms.flexlora import (
+    aggregate_lora_deltas,
+    client_ranks,
+    factored_svd,
+    spectral_energy_kept,
+    stack_lora_factors,
+    svd_redistribute,
+    truncate_factors,
+)
 from pflbench.config import RunConfig
 from pflbench.engine import tensor_bytes
 from pflbench.errors import ConfigError
-from pflbench.testing import Harness
 from pflbench.runner import execute, prepare
 from pflbench.seeding import rng_stream
+from pflbench.testing import Harness
 
 ALPHA = 16.0
 
 
 def random_factors(ranks: list[int], out: int = 7, inp: int = 9, seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
-    return [(torch.randn(r, inp, generator=generator, dtype=torch.float64),
-             torch.randn(out, r, generator=generator, dtype=torch.float64), ALPHA / r) for r in ranks]
+    return [
+        (
+            torch.randn(r, inp, generator=generator, dtype=torch.float64),
+            torch.randn(out, r, generator=generator, dtype=torch.float64),
+            ALPHA / r,
+        )
+        for r in ranks
+    ]
 
 
 def truncated_svd(matrix: np.ndarray, rank: int) -> np.ndarray:
@@ -77,7 +90,7 @@ def test_factored_svd_equals_the_dense_svd_of_the_full_delta(ranks: list[int]) -
     delta = aggregate_lora_deltas(factors, weights)
     dense_S = torch.linalg.svdvals(delta)
     assert S.shape == (min(7, 9, sum(ranks)),)
-    assert torch.allclose(S, dense_S[:len(S)]) and torch.allclose(dense_S[len(S):], torch.zeros(1, dtype=S.dtype))
+    assert torch.allclose(S, dense_S[: len(S)]) and torch.allclose(dense_S[len(S) :], torch.zeros(1, dtype=S.dtype))
     assert torch.allclose((U * S) @ Vh, delta)
     assert torch.allclose(U.T @ U, torch.eye(len(S), dtype=U.dtype))
 
@@ -102,8 +115,18 @@ def test_rank_distributions() -> None:
 
 
 def flexlora_config(tmp_path: Path, **changes) -> RunConfig:
-    settings = dict(algo="flexlora", dataset="digits", model="mlp", lora_targets="fc1,fc2", backbone="random",
-                    num_clients=3, rounds=1, optimizer="adam", lr=1e-2, out=str(tmp_path))
+    settings = dict(
+        algo="flexlora",
+        dataset="digits",
+        model="mlp",
+        lora_targets="fc1,fc2",
+        backbone="random",
+        num_clients=3,
+        rounds=1,
+        optimizer="adam",
+        lr=1e-2,
+        out=str(tmp_path),
+    )
     return RunConfig(**{**settings, **changes})
 
 
@@ -122,9 +145,12 @@ def test_heterogeneous_round_shapes_bytes_and_an_independent_svd_check(tmp_path:
     server.aggregate(updates)
     total = sum(u.num_samples for u in updates)
     for name in ("fc1", "fc2"):
-        delta = sum((u.num_samples / total) * (ALPHA / r) *
-                    (u.params[f"{name}.lora_B"].double().numpy() @ u.params[f"{name}.lora_A"].double().numpy())
-                    for u, r in zip(updates, server.ranks))
+        delta = sum(
+            (u.num_samples / total)
+            * (ALPHA / r)
+            * (u.params[f"{name}.lora_B"].double().numpy() @ u.params[f"{name}.lora_A"].double().numpy())
+            for u, r in zip(updates, server.ranks)
+        )
         for rank in (2, 4, 8):
             received = server.broadcast(server.ranks.index(rank))
             product = (ALPHA / rank) * received[f"{name}.lora_B"].double() @ received[f"{name}.lora_A"].double()

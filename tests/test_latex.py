@@ -1,5 +1,6 @@
 """Tables and plots that drop into a paper: display names, readable metric names, a caption with
 the setup, unique labels, tables that fit the page (compiled with pdflatex when installed)."""
+
 from __future__ import annotations
 
 import shutil
@@ -54,8 +55,7 @@ def test_display_names_come_from_the_class_the_builtin_map_or_the_name(monkeypat
         display_name = "pFedX"
 
     real_get = registry.ALGORITHMS.get
-    monkeypatch.setattr(registry.ALGORITHMS, "get",
-                        lambda name: Declared if name == "pfedx" else real_get(name))
+    monkeypatch.setattr(registry.ALGORITHMS, "get", lambda name: Declared if name == "pfedx" else real_get(name))
     assert display_name("pfedx") == "pFedX"
     assert display_name("fedrep") == "FedRep" and display_name("flexlora") == "FlexLoRA"
     assert display_name("my_algo") == "my_algo"  # not registered: the raw name
@@ -72,12 +72,18 @@ def test_readable_metric_names() -> None:
 
 def test_caption_states_the_setup_and_labels_are_unique(frame: pd.DataFrame) -> None:
     text = to_latex(pivot(frame))
-    assert (r"\caption[Personalized accuracy (\%), final value]{Setup: digits, dirichlet partition "
-            r"($\alpha$ = 0.1, 1), 20 clients, 20 sampled per round, 2 rounds, 1 local epoch, model cnn. "
-            r"Metric: Personalized accuracy (\%), final value.") in text
+    assert (
+        r"\caption[Personalized accuracy (\%), final value]{Setup: digits, dirichlet partition "
+        r"($\alpha$ = 0.1, 1), 20 clients, 20 sampled per round, 2 rounds, 1 local epoch, model cnn. "
+        r"Metric: Personalized accuracy (\%), final value."
+    ) in text
     assert "pers_acc" not in text.replace(r"\_", "_").split(r"\label")[0]  # no raw keys before the label
-    labels = {table_label(pivot(frame)), table_label(pivot(frame, "global_acc")),
-              table_label(pivot(frame, extras=["comm"])), table_label(pivot(frame, test="wilcoxon"))}
+    labels = {
+        table_label(pivot(frame)),
+        table_label(pivot(frame, "global_acc")),
+        table_label(pivot(frame, extras=["comm"])),
+        table_label(pivot(frame, test="wilcoxon")),
+    }
     assert len(labels) == 4 and all(label.startswith("tab:") for label in labels)
     assert table_label(pivot(frame)) == table_label(pivot(frame))  # stable across calls
     assert r"\label{tab:main_results}" in to_latex(pivot(frame), label="tab:main_results")
@@ -99,11 +105,18 @@ def test_fit_options(wide: pd.DataFrame) -> None:
 
 
 def _compile(body: str, folder: Path) -> str:
-    document = ("\\documentclass{article}\n\\usepackage[T1]{fontenc}\n\\usepackage{booktabs,graphicx}\n"
-                "\\begin{document}\n" + body + "\\end{document}\n")
+    document = (
+        "\\documentclass{article}\n\\usepackage[T1]{fontenc}\n\\usepackage{booktabs,graphicx}\n"
+        "\\begin{document}\n" + body + "\\end{document}\n"
+    )
     (folder / "table.tex").write_text(document)
-    result = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "table.tex"],
-                            cwd=folder, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "table.tex"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout[-3000:]
     return (folder / "table.log").read_text(errors="replace")
 
@@ -123,14 +136,19 @@ def test_wide_tables_fit_the_page_when_compiled(wide: pd.DataFrame, tmp_path: Pa
 def test_markdown_and_html_carry_the_same_content(frame: pd.DataFrame) -> None:
     table = pivot(frame, extras=["comm"])
     markdown, page = to_markdown(table), to_html(table)
-    for piece in ("Setup: digits, dirichlet partition", "Communication (MB)", "Avg. rank", "FedPer",
-                  "Best per column in bold", "paired two-sided t-test"):
+    for piece in (
+        "Setup: digits, dirichlet partition",
+        "Communication (MB)",
+        "Avg. rank",
+        "FedPer",
+        "Best per column in bold",
+        "paired two-sided t-test",
+    ):
         assert piece in markdown and piece in page, piece
     assert "<style>" in page and "font-family" in page and "<caption>" in page
 
 
-def test_plots_have_integer_round_ticks_display_names_and_vector_formats(frame: pd.DataFrame,
-                                                                          tmp_path: Path) -> None:
+def test_plots_have_integer_round_ticks_display_names_and_vector_formats(frame: pd.DataFrame, tmp_path: Path) -> None:
     bands = curve_bands(frame, "pers_acc", renames={"fedper": "FedPer (ours)"})
     figure = curve_figure(bands, "Round", "Personalized accuracy (%)", integer_x=True)
     figure.canvas.draw()
@@ -140,15 +158,29 @@ def test_plots_have_integer_round_ticks_display_names_and_vector_formats(frame: 
     legend = [text.get_text() for text in figure.legends[0].get_texts()]
     assert legend == ["FedAvg", "FedPer (ours)", "FedProx"]
     written = write_plots(frame, "pers_acc", tmp_path)
-    assert sorted(p.name for p in written) == sorted(f"accuracy_vs_{x}.{s}" for x in ("round", "comm")
-                                                     for s in ("png", "pdf", "svg"))
+    assert sorted(p.name for p in written) == sorted(
+        f"accuracy_vs_{x}.{s}" for x in ("round", "comm") for s in ("png", "pdf", "svg")
+    )
     assert (tmp_path / "accuracy_vs_round.svg").read_text().lstrip().startswith("<?xml")
 
 
 def test_cli_latex_options(tmp_path: Path) -> None:
     results = helpers.write_known(tmp_path / "results")
-    result = CliRunner().invoke(cli, ["leaderboard", str(results), "--format", "latex", "--latex-fit",
-                                      "transpose", "--label", "tab:main", "--rename", "fedper=FedPer*"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "leaderboard",
+            str(results),
+            "--format",
+            "latex",
+            "--latex-fit",
+            "transpose",
+            "--label",
+            "tab:main",
+            "--rename",
+            "fedper=FedPer*",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert r"\label{tab:main}" in result.output and "FedPer*" in result.output
     assert r"Dataset, $\alpha$" in result.output

@@ -1,5 +1,6 @@
 """Leaderboards on a generated results folder with known numbers: values, ranking marks,
 seed counts, runs that must not be averaged together, broken run folders, all formats, plots."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,25 +34,55 @@ KNOWN = {
 MB_PER_ROUND = {"fedavg": 1.0, "fedprox": 1.0, "fedper": 0.5}
 
 
-def write_run(out: Path, algo: str, alpha: float, seed: int, final: float, global_acc: float | None,
-              rounds: int = 2, dataset: str = "digits", **settings: object) -> Path:
+def write_run(
+    out: Path,
+    algo: str,
+    alpha: float,
+    seed: int,
+    final: float,
+    global_acc: float | None,
+    rounds: int = 2,
+    dataset: str = "digits",
+    **settings: object,
+) -> Path:
     """A finished run folder as the runner writes it; pers_acc rises by 0.1 per round to ``final``."""
-    resolved = with_base_defaults(RunConfig(algo=algo, dataset=dataset, alpha=alpha, seed=seed,
-                                            rounds=rounds, out=str(out), **settings))
-    config = {**dataclasses.asdict(resolved),
-              "algo_hparams": {"mu": 0.01} if algo == "fedprox" else {}}
+    resolved = with_base_defaults(
+        RunConfig(algo=algo, dataset=dataset, alpha=alpha, seed=seed, rounds=rounds, out=str(out), **settings)
+    )
+    config = {**dataclasses.asdict(resolved), "algo_hparams": {"mu": 0.01} if algo == "fedprox" else {}}
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:8]
     folder = out / "runs" / f"{algo}__{dataset}__a{alpha:g}__s{seed}__{digest}"
     folder.mkdir(parents=True)
     sent = MB_PER_ROUND[algo] * MB
-    records = [{"round": r, "clients": [0, 1], "train_loss": 1.0 / r, "bytes_up": sent, "bytes_down": sent,
-                "bytes_up_cum": r * sent, "bytes_down_cum": r * sent, "pers_acc": final - 0.1 * (rounds - r),
-                "global_acc": None if global_acc is None else global_acc - 0.1 * (rounds - r)}
-               for r in range(1, rounds + 1)]
-    summary = {"algo": algo, "dataset": dataset, "alpha": alpha, "seed": seed, "pers_acc": final,
-               "pers_acc_last10": final, "pers_acc_worst10": final - 0.2, "global_acc": global_acc,
-               "rounds": rounds, "bytes_up_total": rounds * sent, "bytes_down_total": rounds * sent,
-               "wall_time_s": 10.0 + seed, "run_dir": str(folder)}
+    records = [
+        {
+            "round": r,
+            "clients": [0, 1],
+            "train_loss": 1.0 / r,
+            "bytes_up": sent,
+            "bytes_down": sent,
+            "bytes_up_cum": r * sent,
+            "bytes_down_cum": r * sent,
+            "pers_acc": final - 0.1 * (rounds - r),
+            "global_acc": None if global_acc is None else global_acc - 0.1 * (rounds - r),
+        }
+        for r in range(1, rounds + 1)
+    ]
+    summary = {
+        "algo": algo,
+        "dataset": dataset,
+        "alpha": alpha,
+        "seed": seed,
+        "pers_acc": final,
+        "pers_acc_last10": final,
+        "pers_acc_worst10": final - 0.2,
+        "global_acc": global_acc,
+        "rounds": rounds,
+        "bytes_up_total": rounds * sent,
+        "bytes_down_total": rounds * sent,
+        "wall_time_s": 10.0 + seed,
+        "run_dir": str(folder),
+    }
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (folder / "summary.json").write_text(json.dumps(summary))
@@ -76,14 +107,29 @@ def frame(results: Path) -> pd.DataFrame:
 
 
 def test_load_runs_is_tidy(frame: pd.DataFrame) -> None:
-    assert list(frame.columns) == ["run", "algo", "dataset", "alpha", "seed", "round", "metric",
-                                   "value", "config_key", "status"]
+    assert list(frame.columns) == [
+        "run",
+        "algo",
+        "dataset",
+        "alpha",
+        "seed",
+        "round",
+        "metric",
+        "value",
+        "config_key",
+        "status",
+    ]
     assert frame["run"].nunique() == 17
     finals = frame[frame["round"].isna()]
     fedavg = finals[(finals["algo"] == "fedavg") & (finals["alpha"] == 0.1) & (finals["metric"] == "pers_acc")]
     assert sorted(fedavg["value"]) == pytest.approx([0.80, 0.82, 0.84])
-    first = frame[(frame["round"] == 1) & (frame["algo"] == "fedper") & (frame["seed"] == 2)
-                  & (frame["alpha"] == 0.1) & (frame["metric"] == "pers_acc")]
+    first = frame[
+        (frame["round"] == 1)
+        & (frame["algo"] == "fedper")
+        & (frame["seed"] == 2)
+        & (frame["alpha"] == 0.1)
+        & (frame["metric"] == "pers_acc")
+    ]
     assert first["value"].tolist() == pytest.approx([0.82])
     fedper_global = finals[(finals["algo"] == "fedper") & (finals["metric"] == "global_acc")]
     assert len(fedper_global) == 6 and fedper_global["value"].isna().all()
@@ -137,11 +183,19 @@ def test_lower_is_better_for_communication(frame: pd.DataFrame) -> None:
 
 def test_latex_booktabs_bold_underline_and_escaping(frame: pd.DataFrame) -> None:
     text = to_latex(pivot(frame, extras=["worst10"]))
-    for piece in (r"\toprule", r"\midrule", r"\bottomrule", r"\begin{tabular}{lcccccc}",
-                  r"\multicolumn{4}{c}{digits}", r"\cmidrule(lr){2-3}", r"$\alpha=0.1$",
-                  r"FedPer & \textbf{91.00 $\pm$ 1.00}",
-                  r"85.50 $\pm$ 0.71\textsuperscript{$\dagger$n=2}", r"Personalized accuracy (\%)",
-                  r"Worst-10\% client accuracy (\%)"):
+    for piece in (
+        r"\toprule",
+        r"\midrule",
+        r"\bottomrule",
+        r"\begin{tabular}{lcccccc}",
+        r"\multicolumn{4}{c}{digits}",
+        r"\cmidrule(lr){2-3}",
+        r"$\alpha=0.1$",
+        r"FedPer & \textbf{91.00 $\pm$ 1.00}",
+        r"85.50 $\pm$ 0.71\textsuperscript{$\dagger$n=2}",
+        r"Personalized accuracy (\%)",
+        r"Worst-10\% client accuracy (\%)",
+    ):
         assert piece in text, piece
     assert "±" not in text and "α" not in text and "—" not in text
     assert all(line.count("_") == line.count(r"\_") for line in text.splitlines())
@@ -220,8 +274,18 @@ def invoke(*args: str) -> tuple[int, str]:
 
 
 def test_cli_writes_every_format_and_plots(results: Path, frame: pd.DataFrame, tmp_path: Path) -> None:
-    code, output = invoke("leaderboard", str(results), "--format", "all", "--extra", "comm,worst10",
-                          "--output", str(tmp_path / "tables"), "--plots", str(tmp_path / "plots"))
+    code, output = invoke(
+        "leaderboard",
+        str(results),
+        "--format",
+        "all",
+        "--extra",
+        "comm,worst10",
+        "--output",
+        str(tmp_path / "tables"),
+        "--plots",
+        str(tmp_path / "plots"),
+    )
     assert code == 0, output
     written = sorted(p.name for p in (tmp_path / "tables").iterdir())
     assert written == [f"leaderboard_pers_acc{s}" for s in (".csv", ".html", ".md", ".tex")]
@@ -234,11 +298,14 @@ def test_cli_writes_every_format_and_plots(results: Path, frame: pd.DataFrame, t
     assert code == 0 and "| FedPer | — | — | — | — |" in output
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--format", "all"], "give --output FOLDER"),
-    (["--metric", "nope"], "metric 'nope' is not in the runs' summary.json"),
-    (["--extra", "speed"], "--extra 'speed' is not one of: comm, time, worst10"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--format", "all"], "give --output FOLDER"),
+        (["--metric", "nope"], "metric 'nope' is not in the runs' summary.json"),
+        (["--extra", "speed"], "--extra 'speed' is not one of: comm, time, worst10"),
+    ],
+)
 def test_cli_bad_input_is_one_error_line(results: Path, args: list[str], message: str) -> None:
     code, output = invoke("leaderboard", str(results), *args)
     assert code == 2 and message in output and output.count("\n") == 1, output
@@ -253,9 +320,16 @@ def test_cli_without_finished_runs_is_an_error(tmp_path: Path) -> None:
 @pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed")
 def test_latex_compiles_in_a_booktabs_document(frame: pd.DataFrame, tmp_path: Path) -> None:
     body = to_latex(pivot(frame, extras=["comm", "time", "worst10"]))
-    document = "\\documentclass{article}\n\\usepackage{booktabs,graphicx}\n\\begin{document}\n" + body + "\\end{document}\n"
+    document = (
+        "\\documentclass{article}\n\\usepackage{booktabs,graphicx}\n\\begin{document}\n" + body + "\\end{document}\n"
+    )
     (tmp_path / "table.tex").write_text(document)
-    result = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "table.tex"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "table.tex"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout[-2000:]
     assert (tmp_path / "table.pdf").is_file()

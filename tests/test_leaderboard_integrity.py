@@ -1,5 +1,6 @@
 """The leaderboard counts each run once, keeps unfinished/failed/diverged runs out (or flagged),
 survives malformed run folders, escapes names, and reports unwritable outputs as one error."""
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,14 @@ def test_a_copied_or_renamed_folder_is_not_a_second_seed(tmp_path: Path) -> None
     elsewhere = tmp_path / "other"
     shutil.copytree(first, elsewhere / "runs" / first.name)  # same name in another results folder
     config = json.loads((first / "config.json").read_text())
-    moved = {**config, "out": "/somewhere/else", "command": ["pflbench", "run"], "git_commit": "abc",
-             "versions": {"torch": "9"}, "resolved": {"eval_every": 1}}
+    moved = {
+        **config,
+        "out": "/somewhere/else",
+        "command": ["pflbench", "run"],
+        "git_commit": "abc",
+        "versions": {"torch": "9"},
+        "resolved": {"eval_every": 1},
+    }
     assert run_identity(moved) == run_identity(config)
     (elsewhere / "runs" / first.name / "config.json").write_text(json.dumps(moved))
     frame, messages = collect([tmp_path, elsewhere])
@@ -137,8 +144,17 @@ def test_malformed_run_folders_are_skipped_with_a_warning_naming_them(tmp_path: 
         broken[name] = folder
     absurd = write_run(tmp_path, "fedavg", 0.1, 99, 0.5, 0.5)  # readable, absurd values: not numbers
     summary = json.loads((absurd / "summary.json").read_text())
-    (absurd / "summary.json").write_text(json.dumps({**summary, "pers_acc_worst10": 10**500, "global_acc": True,
-                                                     "pers_acc_last10": [[[]]], "bytes_up_total": "many"}))
+    (absurd / "summary.json").write_text(
+        json.dumps(
+            {
+                **summary,
+                "pers_acc_worst10": 10**500,
+                "global_acc": True,
+                "pers_acc_last10": [[[]]],
+                "bytes_up_total": "many",
+            }
+        )
+    )
     frame, messages = collect(tmp_path)
     assert len(messages) == len(MALFORMED), messages
     for name, folder in broken.items():
@@ -168,7 +184,7 @@ def test_names_and_values_are_escaped_in_markdown_and_html(tmp_path: Path) -> No
     evil = "<script>alert(1)</script>"
     folder = write_run(tmp_path, "fedavg", 0.1, 0, 0.8, 0.7)
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "algo": evil, "dataset": f"d<img src=x>|*"}))
+    (folder / "config.json").write_text(json.dumps({**config, "algo": evil, "dataset": "d<img src=x>|*"}))
     write_run(tmp_path, "fedper", 0.1, 0, 0.9, None, lr=0.05)
     table = pivot(load_runs(tmp_path), renames={"fedper": "<b>bold</b>"})
     for text in (to_markdown(table), to_html(table)):
@@ -219,8 +235,9 @@ def test_of_several_copies_the_runner_named_folder_is_kept(tmp_path: Path) -> No
     shutil.copytree(named, tmp_path / "runs" / "a copy")  # sorts first
     frame, messages = collect(tmp_path)
     assert frame["run"].unique().tolist() == [named.name]
-    assert messages == [f"skipped {tmp_path / 'runs' / 'a copy'}: same run (settings and seed) as {named}; "
-                        "counted once"]
+    assert messages == [
+        f"skipped {tmp_path / 'runs' / 'a copy'}: same run (settings and seed) as {named}; counted once"
+    ]
 
 
 def test_grouped_config_json_is_read_too(tmp_path: Path) -> None:
@@ -228,10 +245,15 @@ def test_grouped_config_json_is_read_too(tmp_path: Path) -> None:
     for seed, (final, lr) in enumerate([(0.8, 0.01), (0.6, 0.05)]):
         folder = write_run(tmp_path, "fedavg", 0.1, seed, final, 0.7)
         flat = json.loads((folder / "config.json").read_text())
-        grouped = {"algo": flat.pop("algo"), "seed": flat.pop("seed"), "algo_hparams": flat.pop("algo_hparams"),
-                   "data": {k: flat.pop(k) for k in ("dataset", "alpha", "num_clients", "partition", "frac")},
-                   "train": {**{k: flat.pop(k) for k in ("rounds", "local_epochs")}, "lr": lr},
-                   "model": {"name": flat.pop("model")}, "out": flat.pop("out")}
+        grouped = {
+            "algo": flat.pop("algo"),
+            "seed": flat.pop("seed"),
+            "algo_hparams": flat.pop("algo_hparams"),
+            "data": {k: flat.pop(k) for k in ("dataset", "alpha", "num_clients", "partition", "frac")},
+            "train": {**{k: flat.pop(k) for k in ("rounds", "local_epochs")}, "lr": lr},
+            "model": {"name": flat.pop("model")},
+            "out": flat.pop("out"),
+        }
         (folder / "config.json").write_text(json.dumps(grouped))
     frame, messages = collect(tmp_path)
     assert not messages and frame["run"].nunique() == 2

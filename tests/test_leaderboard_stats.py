@@ -1,5 +1,6 @@
 """Statistics of the leaderboard: hand-computed t and Wilcoxon values, cross-checked with SciPy
 where it is installed, and a constructed results folder whose significance marks are known."""
+
 from __future__ import annotations
 
 import math
@@ -104,16 +105,19 @@ def test_against_scipy() -> None:
     w, p = stats.wilcoxon_signed_rank(differences, [0.0] * 8)
     reference = scipy_stats.wilcoxon(differences, method="exact")
     assert p == pytest.approx(reference.pvalue)
-    assert w == sum(r for r, d in zip(stats.average_ranks([abs(d) for d in differences], False), differences)
-                    if d > 0)
+    assert w == sum(r for r, d in zip(stats.average_ranks([abs(d) for d in differences], False), differences) if d > 0)
     for df in (1, 2, 3, 6, 11):
         assert stats.t_quantile(0.975, df) == pytest.approx(scipy_stats.t.ppf(0.975, df), rel=1e-9)
 
 
 # Known outcome per seed (pers_acc): A best; B noisy, not significantly worse (paired t, p ≈ 0.50);
 # C consistently worse (p ≈ 0.001, but Wilcoxon with 3 seeds cannot go below p = 0.25); D one seed.
-CONSTRUCTED = {"fedavg": [0.90, 0.80, 0.85], "fedper": [0.88, 0.82, 0.80],
-               "fedprox": [0.80, 0.70, 0.76], "fedrep": [0.50]}
+CONSTRUCTED = {
+    "fedavg": [0.90, 0.80, 0.85],
+    "fedper": [0.88, 0.82, 0.80],
+    "fedprox": [0.80, 0.70, 0.76],
+    "fedrep": [0.50],
+}
 
 
 @pytest.fixture(scope="module")
@@ -179,8 +183,20 @@ def test_ranks_and_csv(constructed: Path, tmp_path: Path) -> None:
 
 
 def test_cli_statistics_options(constructed: Path) -> None:
-    result = CliRunner().invoke(cli, ["leaderboard", str(constructed), "--test", "wilcoxon", "--interval",
-                                      "ci95", "--show-n", "--rename", "fedprox=FedProx (ours)"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "leaderboard",
+            str(constructed),
+            "--test",
+            "wilcoxon",
+            "--interval",
+            "ci95",
+            "--show-n",
+            "--rename",
+            "fedprox=FedProx (ours)",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "| <ins>75.33 ± 12.50</ins> n=3 |" in result.output and "FedProx (ours)" in result.output
     assert "Wilcoxon signed-rank" in result.output

@@ -1,4 +1,5 @@
 """The LoRA layer, applying it to a ViT, weight loading, and LoRA runs of any algorithm."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,8 @@ from pflbench.config import RunConfig
 from pflbench.errors import ConfigError
 from pflbench.lora import LoRALinear, apply_lora, lora_layers
 from pflbench.models import build_model, head_parameter_names, load_weights, vit_patch_size
-from pflbench.testing import Harness
 from pflbench.runner import execute, prepare
+from pflbench.testing import Harness
 
 TINY_VIT = ("depth=2", "embed_dim=16", "num_heads=2")
 
@@ -129,9 +130,20 @@ def test_pretrained_offline_is_a_clear_error_not_a_random_init() -> None:
 
 
 def lora_config(tmp_path: Path, **changes) -> RunConfig:
-    settings = dict(algo="fedavg", dataset="digits", model="vit_tiny_patch16_224", model_option=TINY_VIT,
-                    lora_rank=4, backbone="random", num_clients=3, rounds=1, optimizer="adam", lr=1e-3,
-                    alpha=0.5, out=str(tmp_path))
+    settings = dict(
+        algo="fedavg",
+        dataset="digits",
+        model="vit_tiny_patch16_224",
+        model_option=TINY_VIT,
+        lora_rank=4,
+        backbone="random",
+        num_clients=3,
+        rounds=1,
+        optimizer="adam",
+        lr=1e-3,
+        alpha=0.5,
+        out=str(tmp_path),
+    )
     return RunConfig(**{**settings, **changes})
 
 

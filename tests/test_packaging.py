@@ -1,5 +1,6 @@
 """The built-in plugins are the subpackages pflbench.algorithms / pflbench.datasets; nothing shadows
 Hugging Face ``datasets``, in editable and in plain (wheel) installs."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,14 @@ BUILTIN_ALGORITHMS = ("fedavg", "fedprox", "local")
 
 
 def python(code: str, cwd: Path, env: dict[str, str] | None = None) -> str:
-    result = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
-                            env={**os.environ, **(env or {})}, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
 
@@ -38,8 +45,23 @@ def test_plugin_folders_are_the_package_modules() -> None:
 
 
 def test_plain_wheel_install_lists_every_builtin_plugin(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path), str(REPO)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = tmp_path.glob("pflbench-*.whl")
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
@@ -48,7 +70,9 @@ def test_plain_wheel_install_lists_every_builtin_plugin(tmp_path: Path) -> None:
     listing = python(
         "import pflbench, pflbench.cli as c; from pflbench.registry import ALGORITHMS, DATASETS;"
         "print(pflbench.__file__); print(' '.join(ALGORITHMS.names())); print(' '.join(DATASETS.names()))",
-        cwd=tmp_path, env={"PYTHONPATH": str(site)})
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(site)},
+    )
     location, algorithms, datasets = listing.splitlines()
     assert location.startswith(str(site))
     assert set(BUILTIN_ALGORITHMS) <= set(algorithms.split())

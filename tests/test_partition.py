@@ -1,16 +1,26 @@
 """Tests for pflbench.partition (SPEC §2) and pflbench.plots.plot_label_distribution."""
+
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
 
 from pflbench.errors import ConfigError
-from pflbench.partition import (dirichlet, dirichlet_client, iid, natural, partition,
-                                partition_stats, shards, split_train_test)
+from pflbench.partition import (
+    dirichlet,
+    dirichlet_client,
+    iid,
+    natural,
+    partition,
+    partition_stats,
+    shards,
+    split_train_test,
+)
 
 NUM_CLASSES = 10
 # Imbalanced classes: class c has 40 + 15c samples (1075 in all).
@@ -115,6 +125,7 @@ def test_non_positive_client_count_is_a_config_error(function: Callable, num_cli
 # dirichlet
 # ---------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("balance", [True, False])
 @pytest.mark.parametrize("alpha", [0.05, 0.5, 100.0])
 def test_dirichlet_assigns_every_sample(alpha: float, balance: bool) -> None:
@@ -156,8 +167,7 @@ def test_dirichlet_large_alpha_is_near_iid() -> None:
     global_mix = np.bincount(BALANCED) / len(BALANCED)
     for balance in (True, False):
         for seed in range(3):
-            h = histogram(BALANCED, dirichlet(BALANCED, 10, rng(seed), alpha=1e4,
-                                              balance=balance), NUM_CLASSES)
+            h = histogram(BALANCED, dirichlet(BALANCED, 10, rng(seed), alpha=1e4, balance=balance), NUM_CLASSES)
             mix = h / h.sum(axis=1, keepdims=True)
             total_variation = 0.5 * np.abs(mix - global_mix).sum(axis=1)
             assert total_variation.max() < 0.08
@@ -183,9 +193,15 @@ def test_dirichlet_small_alpha_gives_few_classes_per_client() -> None:
 
 def test_dirichlet_balance_caps_client_sizes() -> None:
     def mean_largest(balance: bool) -> float:
-        return float(np.mean([max(len(p) for p in dirichlet(BALANCED, 10, rng(seed), alpha=0.1,
-                                                             balance=balance))
-                              for seed in range(10)]))
+        return float(
+            np.mean(
+                [
+                    max(len(p) for p in dirichlet(BALANCED, 10, rng(seed), alpha=0.1, balance=balance))
+                    for seed in range(10)
+                ]
+            )
+        )
+
     assert mean_largest(True) < 0.9 * mean_largest(False)
 
 
@@ -204,6 +220,7 @@ def test_dirichlet_unreachable_min_size_names_alpha_k_and_min_size() -> None:
 # ---------------------------------------------------------------------------------------------
 # dirichlet-client
 # ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("seed", range(3))
 def test_dirichlet_client_gives_each_client_n_over_k(seed: int) -> None:
@@ -242,6 +259,7 @@ def test_dirichlet_client_small_alpha_gives_few_classes_per_client() -> None:
 # ---------------------------------------------------------------------------------------------
 # iid, shards, natural
 # ---------------------------------------------------------------------------------------------
+
 
 def test_iid_sizes_differ_by_at_most_one_and_cover_everything() -> None:
     labels = np.zeros(103, dtype=np.int64)
@@ -301,9 +319,16 @@ def test_natural_needs_groups() -> None:
 # partition() dispatch
 # ---------------------------------------------------------------------------------------------
 
+
 def test_partition_passes_only_accepted_params() -> None:
-    everything = {"alpha": 0.3, "balance": False, "shards_per_client": 1, "min_size": 5,
-                  "groups": GROUPS, "max_tries": 7}
+    everything = {
+        "alpha": 0.3,
+        "balance": False,
+        "shards_per_client": 1,
+        "min_size": 5,
+        "groups": GROUPS,
+        "max_tries": 7,
+    }
     parts = partition("iid", LABELS, 10, rng(4), **everything)  # iid takes only min_size
     expected = iid(LABELS, 10, rng(4), min_size=5)
     assert all(np.array_equal(a, b) for a, b in zip(parts, expected))
@@ -327,6 +352,7 @@ def test_partition_unknown_name_lists_valid_names() -> None:
 # ---------------------------------------------------------------------------------------------
 # split_train_test and partition_stats
 # ---------------------------------------------------------------------------------------------
+
 
 def test_split_is_disjoint_and_complete_per_client() -> None:
     parts = dirichlet(LABELS, 10, rng(0), alpha=0.3)
@@ -369,8 +395,7 @@ def test_split_is_deterministic_in_the_rng() -> None:
 
 def test_partition_stats_by_hand() -> None:
     labels = np.array([0, 0, 1, 2, 2, 2])
-    stats = partition_stats(labels, [np.array([0, 2]), np.array([3, 4])],
-                            [np.array([1]), np.array([5])], num_classes=4)
+    stats = partition_stats(labels, [np.array([0, 2]), np.array([3, 4])], [np.array([1]), np.array([5])], num_classes=4)
     assert stats["label_histogram"] == [[2, 1, 0, 0], [0, 0, 3, 0]]
     assert stats["classes_per_client"] == [2, 1]
     assert stats["samples_per_client"] == [3, 3]
@@ -385,6 +410,7 @@ def test_partition_stats_by_hand() -> None:
 # plots
 # ---------------------------------------------------------------------------------------------
 
+
 def test_plot_label_distribution_writes_a_png(tmp_path: Path) -> None:
     from pflbench.plots import plot_label_distribution
 
@@ -392,8 +418,7 @@ def test_plot_label_distribution_writes_a_png(tmp_path: Path) -> None:
     parts = dirichlet(labels, 10, rng(0), alpha=0.1)
     train, test = split_train_test(labels, parts, 0.25, rng(0))
     stats = partition_stats(labels, train, test, num_classes=10)
-    written = plot_label_distribution(stats["label_histogram"], tmp_path / "sub" / "dist.png",
-                                      title="dirichlet α=0.1")
+    written = plot_label_distribution(stats["label_histogram"], tmp_path / "sub" / "dist.png", title="dirichlet α=0.1")
     assert written == tmp_path / "sub" / "dist.png"
     data = written.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,5 +1,6 @@
 """Partitions in and out: ``partition --export`` → ``run --partition-file``, validation errors,
 PFLlib dataset folders and flwr-datasets partitioners."""
+
 from __future__ import annotations
 
 import json
@@ -14,10 +15,15 @@ from pflbench.cli import cli
 from pflbench.config import RunConfig
 from pflbench.data import load_dataset
 from pflbench.errors import ConfigError
-from pflbench.partition_io import (FLWR_INSTALL_HINT, flwr_partition_document,
-                                   flwr_partition_indices, read_partition_file, require_flwr)
-from pflbench.testing import Harness
+from pflbench.partition_io import (
+    FLWR_INSTALL_HINT,
+    flwr_partition_document,
+    flwr_partition_indices,
+    read_partition_file,
+    require_flwr,
+)
 from pflbench.runner import make_partition, prepare
+from pflbench.testing import Harness
 
 DIGITS_SIZE = 1797
 TINY_RUN = ["--dataset", "digits", "--model", "mlp", "--rounds", "1", "--quiet"]
@@ -30,8 +36,20 @@ def invoke(*args: str) -> tuple[int, str]:
 
 def _export(tmp_path: Path, *extra: str) -> tuple[Path, dict]:
     file = tmp_path / "split.json"
-    code, output = invoke("partition", "--dataset", "digits", "--num-clients", "5", "--alpha", "0.3",
-                          "--seed", "7", *extra, "--export", str(file))
+    code, output = invoke(
+        "partition",
+        "--dataset",
+        "digits",
+        "--num-clients",
+        "5",
+        "--alpha",
+        "0.3",
+        "--seed",
+        "7",
+        *extra,
+        "--export",
+        str(file),
+    )
     assert code == 0, output
     return file, json.loads(file.read_text())
 
@@ -42,8 +60,18 @@ def test_export_then_run_uses_exactly_those_indices(tmp_path: Path) -> None:
     assert document["dataset"]["name"] == "digits" and document["dataset"]["size"] == DIGITS_SIZE
     assert document["num_clients"] == 5 and len(document["clients"]) == 5
     # a different seed and partitioner on the command line change nothing: the file rules
-    code, output = invoke("run", *TINY_RUN, "--partition-file", str(file), "--seed", "1",
-                          "--partition", "iid", "--out", str(tmp_path / "out"))
+    code, output = invoke(
+        "run",
+        *TINY_RUN,
+        "--partition-file",
+        str(file),
+        "--seed",
+        "1",
+        "--partition",
+        "iid",
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert code == 0, output
     (run,) = (tmp_path / "out" / "runs").iterdir()
     used = json.loads((run / "partition.json").read_text())
@@ -59,19 +87,22 @@ def test_a_runs_partition_json_is_a_partition_file_too(tmp_path: Path) -> None:
     dataset = load_dataset("digits")
     first = make_partition(config, dataset)
     saved = tmp_path / "partition.json"
-    saved.write_text(json.dumps({"train_indices": [s.tolist() for s in first.train],
-                                 "test_indices": [s.tolist() for s in first.test]}))
+    saved.write_text(
+        json.dumps(
+            {"train_indices": [s.tolist() for s in first.train], "test_indices": [s.tolist() for s in first.test]}
+        )
+    )
     again = make_partition(RunConfig(dataset="digits", partition_file=str(saved), num_clients=5), dataset)
     assert all(np.array_equal(a, b) for a, b in zip(first.train + first.test, again.train + again.test))
 
 
 def test_the_partition_sets_num_clients_unless_contradicted(tmp_path: Path) -> None:
     file, _ = _export(tmp_path)
-    prepared = prepare(RunConfig(dataset="digits", model="mlp", rounds=1, partition_file=str(file),
-                                 out=str(tmp_path)))
+    prepared = prepare(RunConfig(dataset="digits", model="mlp", rounds=1, partition_file=str(file), out=str(tmp_path)))
     assert prepared.config.num_clients == 5 and Harness(prepared).data.num_clients == 5
-    code, output = invoke("run", *TINY_RUN, "--partition-file", str(file), "--num-clients", "4",
-                          "--out", str(tmp_path / "out"))
+    code, output = invoke(
+        "run", *TINY_RUN, "--partition-file", str(file), "--num-clients", "4", "--out", str(tmp_path / "out")
+    )
     assert code == 2 and "--num-clients 4 contradicts partition" in output
     assert "has 5 clients" in output and len(output.strip().splitlines()) == 1
 
@@ -82,23 +113,30 @@ def _write(tmp_path: Path, document: dict) -> str:
     return str(file)
 
 
-def _document(clients: list[tuple[list[int], list[int]]], size: int = DIGITS_SIZE,
-              name: str = "digits") -> dict:
-    return {"format": "pflbench-partition", "version": 1, "dataset": {"name": name, "size": size},
-            "num_clients": len(clients),
-            "clients": [{"train": tr, "test": te} for tr, te in clients], "public": []}
+def _document(clients: list[tuple[list[int], list[int]]], size: int = DIGITS_SIZE, name: str = "digits") -> dict:
+    return {
+        "format": "pflbench-partition",
+        "version": 1,
+        "dataset": {"name": name, "size": size},
+        "num_clients": len(clients),
+        "clients": [{"train": tr, "test": te} for tr, te in clients],
+        "public": [],
+    }
 
 
-@pytest.mark.parametrize("clients, kwargs, message", [
-    ([([0, 1], [2]), ([3], [DIGITS_SIZE])], {}, f"index {DIGITS_SIZE} is out of range"),
-    ([([0, 1], [2]), ([3], [-1])], {}, "index -1 is out of range"),
-    ([([0, 1], [2]), ([2], [4])], {}, "sample 2 is assigned 2 times"),
-    ([([0, 1], [1]), ([3], [4])], {}, "sample 1 is assigned 2 times"),
-    ([([0, 1], [2]), ([], [4])], {}, "client 1 has no train samples"),
-    ([([0, 1], []), ([3], [4])], {}, "client 0 has no test samples"),
-    ([([0, 1], [2])], {"size": 60000}, "made for a dataset of 60000 samples"),
-    ([([0, 1], [2])], {"name": "mnist"}, "made for dataset 'mnist', not 'digits'"),
-])
+@pytest.mark.parametrize(
+    "clients, kwargs, message",
+    [
+        ([([0, 1], [2]), ([3], [DIGITS_SIZE])], {}, f"index {DIGITS_SIZE} is out of range"),
+        ([([0, 1], [2]), ([3], [-1])], {}, "index -1 is out of range"),
+        ([([0, 1], [2]), ([2], [4])], {}, "sample 2 is assigned 2 times"),
+        ([([0, 1], [1]), ([3], [4])], {}, "sample 1 is assigned 2 times"),
+        ([([0, 1], [2]), ([], [4])], {}, "client 1 has no train samples"),
+        ([([0, 1], []), ([3], [4])], {}, "client 0 has no test samples"),
+        ([([0, 1], [2])], {"size": 60000}, "made for a dataset of 60000 samples"),
+        ([([0, 1], [2])], {"name": "mnist"}, "made for dataset 'mnist', not 'digits'"),
+    ],
+)
 def test_bad_partition_files_are_one_line_errors(tmp_path: Path, clients, kwargs, message) -> None:
     file = _write(tmp_path, _document(clients, **kwargs))
     code, output = invoke("run", *TINY_RUN, "--partition-file", file, "--out", str(tmp_path / "o"))
@@ -107,14 +145,19 @@ def test_bad_partition_files_are_one_line_errors(tmp_path: Path, clients, kwargs
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("content, message", [
-    ("not json", "is not a JSON file"),
-    ("[1, 2]", "holds a JSON list"),
-    ('{"clients": []}', "neither a `pflbench partition --export` file"),
-    ('{"format": "pflbench-partition", "version": 9, "clients": []}', "format version 9"),
-    ('{"format": "pflbench-partition", "version": 1, "clients": [{"train": [0.5], "test": [1]}]}',
-     "must be a flat list of integers"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("not json", "is not a JSON file"),
+        ("[1, 2]", "holds a JSON list"),
+        ('{"clients": []}', "neither a `pflbench partition --export` file"),
+        ('{"format": "pflbench-partition", "version": 9, "clients": []}', "format version 9"),
+        (
+            '{"format": "pflbench-partition", "version": 1, "clients": [{"train": [0.5], "test": [1]}]}',
+            "must be a flat list of integers",
+        ),
+    ],
+)
 def test_unreadable_partition_files(tmp_path: Path, content: str, message: str) -> None:
     file = tmp_path / "p.json"
     file.write_text(content)
@@ -131,16 +174,18 @@ def test_public_fraction_needs_public_indices_in_the_file(tmp_path: Path) -> Non
         make_partition(config, load_dataset("digits"))
     # an export made with a public fraction carries it
     file, document = _export(tmp_path, "--public-frac", "0.2")
-    split = make_partition(RunConfig(dataset="digits", partition_file=str(file), num_clients=5,
-                                     public_frac=0.2), load_dataset("digits"))
+    split = make_partition(
+        RunConfig(dataset="digits", partition_file=str(file), num_clients=5, public_frac=0.2), load_dataset("digits")
+    )
     assert split.public.tolist() == document["public"] and len(split.public) > 300
 
 
 # ----------------------------------------------------------------------------- PFLlib folders
 
 
-def write_pfllib_folder(root: Path, clients: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
-                        num_classes: int) -> None:
+def write_pfllib_folder(
+    root: Path, clients: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]], num_classes: int
+) -> None:
     """PFLlib's layout (dataset_utils.save_file): config.json, train/<i>.npz, test/<i>.npz, each
     .npz holding ``data`` = {'x': ..., 'y': ...} (a pickled dict)."""
     (root / "train").mkdir(parents=True)
@@ -150,9 +195,16 @@ def write_pfllib_folder(root: Path, clients: list[tuple[np.ndarray, np.ndarray, 
             np.savez_compressed(f, data={"x": x_train, "y": y_train})
         with open(root / "test" / f"{i}.npz", "wb") as f:
             np.savez_compressed(f, data={"x": x_test, "y": y_test})
-    config = {"num_clients": len(clients), "num_classes": num_classes, "non_iid": True,
-              "balance": False, "partition": "dir",
-              "Size of samples for labels in clients": [], "alpha": 0.1, "batch_size": 10}
+    config = {
+        "num_clients": len(clients),
+        "num_classes": num_classes,
+        "non_iid": True,
+        "balance": False,
+        "partition": "dir",
+        "Size of samples for labels in clients": [],
+        "alpha": 0.1,
+        "batch_size": 10,
+    }
     (root / "config.json").write_text(json.dumps(config))
 
 
@@ -187,9 +239,22 @@ def test_pfllib_folder_imports_every_clients_exact_split(pfllib_folder) -> None:
 
 def test_pfllib_folder_runs_and_sets_num_clients(pfllib_folder, tmp_path: Path) -> None:
     root, clients = pfllib_folder
-    code, output = invoke("run", "--dataset", "pfllib", "--data-dir", str(root), "--partition",
-                          "natural", "--model", "mlp", "--rounds", "1", "--quiet",
-                          "--out", str(tmp_path / "out"))
+    code, output = invoke(
+        "run",
+        "--dataset",
+        "pfllib",
+        "--data-dir",
+        str(root),
+        "--partition",
+        "natural",
+        "--model",
+        "mlp",
+        "--rounds",
+        "1",
+        "--quiet",
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert code == 0, output
     (run,) = (tmp_path / "out" / "runs").iterdir()
     used = json.loads((run / "partition.json").read_text())
@@ -205,25 +270,29 @@ def test_a_pfllib_folder_as_partition_file_says_how_to_load_it(pfllib_folder) ->
 
 def test_pfllib_token_and_feature_folders(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
-    tokens = [(rng.integers(0, 80, (6, 80)), rng.integers(0, 80, 6),
-               rng.integers(0, 80, (3, 80)), rng.integers(0, 80, 3)) for _ in range(2)]
+    tokens = [
+        (rng.integers(0, 80, (6, 80)), rng.integers(0, 80, 6), rng.integers(0, 80, (3, 80)), rng.integers(0, 80, 3))
+        for _ in range(2)
+    ]
     write_pfllib_folder(tmp_path / "shakespeare", tokens, 80)
     dataset = load_dataset("pfllib", {"data_dir": str(tmp_path / "shakespeare")})
     assert dataset.inputs.dtype.is_floating_point is False and dataset.input_shape == (80,)
     np.testing.assert_array_equal(dataset.inputs[:6].numpy(), tokens[0][0])
-    features = [(rng.normal(size=(5, 4)), rng.integers(0, 3, 5), rng.normal(size=(2, 4)),
-                 rng.integers(0, 3, 2))]
+    features = [(rng.normal(size=(5, 4)), rng.integers(0, 3, 5), rng.normal(size=(2, 4)), rng.integers(0, 3, 2))]
     write_pfllib_folder(tmp_path / "tabular", features, 3)
     dataset = load_dataset("pfllib", {"data_dir": str(tmp_path / "tabular")})
     assert dataset.inputs.dtype.is_floating_point and dataset.input_shape == (4,)
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda root: (root / "config.json").unlink(), "has no config.json"),
-    (lambda root: (root / "test" / "1.npz").unlink(), "has no test/1.npz"),
-    (lambda root: (root / "train" / "0.npz").write_bytes(b"junk"), "train/0.npz is not a PFLlib client file"),
-    (lambda root: (root / "config.json").write_text("{}"), "config.json has no valid num_clients"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda root: (root / "config.json").unlink(), "has no config.json"),
+        (lambda root: (root / "test" / "1.npz").unlink(), "has no test/1.npz"),
+        (lambda root: (root / "train" / "0.npz").write_bytes(b"junk"), "train/0.npz is not a PFLlib client file"),
+        (lambda root: (root / "config.json").write_text("{}"), "config.json has no valid num_clients"),
+    ],
+)
 def test_broken_pfllib_folders(pfllib_folder, damage, message) -> None:
     root, _ = pfllib_folder
     damage(root)
@@ -267,8 +336,9 @@ def test_flwr_partition_conversion_on_a_fake_partitioner(tmp_path: Path) -> None
     order = np.argsort(labels[:200], kind="stable")
     for part, expected in zip(parts, np.array_split(order, 4)):
         np.testing.assert_array_equal(part, expected)
-    document = flwr_partition_document(FakePartitioner(4), train, "mnist-like", 300,
-                                       test_partitioner=FakePartitioner(4), test_dataset=test)
+    document = flwr_partition_document(
+        FakePartitioner(4), train, "mnist-like", 300, test_partitioner=FakePartitioner(4), test_dataset=test
+    )
     assert [c["test"][0] >= 200 for c in document["clients"]] == [True] * 4
     file = tmp_path / "flwr.json"
     file.write_text(json.dumps(document))
@@ -290,17 +360,18 @@ def test_without_flwr_datasets_the_error_says_how_to_install(monkeypatch: pytest
 
 def test_real_flwr_datasets_partitioners() -> None:
     pytest.importorskip("flwr_datasets")
-    import datasets
     from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner, ShardPartitioner
+
+    import datasets
 
     labels = np.random.default_rng(0).integers(0, 10, 600)
     train = datasets.Dataset.from_dict({"label": labels.tolist()})
-    for make in (lambda: IidPartitioner(num_partitions=5),
-                 lambda: DirichletPartitioner(num_partitions=5, partition_by="label", alpha=0.3,
-                                              seed=42, min_partition_size=5),
-                 # ShardPartitioner sorts its dataset first: its own indices address the sorted copy
-                 lambda: ShardPartitioner(num_partitions=5, partition_by="label",
-                                          num_shards_per_partition=2, seed=1)):
+    for make in (
+        lambda: IidPartitioner(num_partitions=5),
+        lambda: DirichletPartitioner(num_partitions=5, partition_by="label", alpha=0.3, seed=42, min_partition_size=5),
+        # ShardPartitioner sorts its dataset first: its own indices address the sorted copy
+        lambda: ShardPartitioner(num_partitions=5, partition_by="label", num_shards_per_partition=2, seed=1),
+    ):
         parts = flwr_partition_indices(make(), train)
         joined = np.concatenate(parts)
         assert len(np.unique(joined)) == len(joined)
@@ -333,15 +404,23 @@ def test_flwr_partitioner_spec_on_the_command_line(monkeypatch: pytest.MonkeyPat
     order = np.argsort(labels, kind="stable")
     for tr, te, expected in zip(split.train, split.test, np.array_split(order, 4)):
         assert sorted(np.concatenate([tr, te]).tolist()) == sorted(expected.tolist())
-    code, output = invoke("partition", "--dataset", "digits", "--num-clients", "4",
-                          "--partition-file", "flwr:NoSuchPartitioner")
+    code, output = invoke(
+        "partition", "--dataset", "digits", "--num-clients", "4", "--partition-file", "flwr:NoSuchPartitioner"
+    )
     assert code == 2 and "flwr-datasets has no partitioner 'NoSuchPartitioner'" in output
 
 
 def test_flwr_spec_without_flwr_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "flwr_datasets", None)
-    code, output = invoke("partition", "--dataset", "digits", "--num-clients", "4",
-                          "--partition-file", "flwr:DirichletPartitioner:alpha=0.5")
+    code, output = invoke(
+        "partition",
+        "--dataset",
+        "digits",
+        "--num-clients",
+        "4",
+        "--partition-file",
+        "flwr:DirichletPartitioner:alpha=0.5",
+    )
     assert code == 2 and output.strip() == f"Error: {FLWR_INSTALL_HINT}"
     code, output = invoke("partition", "--dataset", "digits", "--partition-file", "flwr:")
     assert code == 2 and "expected flwr:<Partitioner>" in output

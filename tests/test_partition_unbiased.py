@@ -1,5 +1,6 @@
 """The Dirichlet cut: the default (largest remainder) favours no client position; ``floor``
 reproduces PFLlib's cut and its bias (the last client collects every class's leftovers)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -66,8 +67,9 @@ def test_floor_reproduces_the_last_client_bias(floor_stats, unbiased_stats) -> N
     assert _position_z_scores(sizes)[-1] > 0  # and it also collects the most samples
 
 
-def _pfllib_floor_reference(labels: np.ndarray, num_clients: int, alpha: float, min_size: int,
-                            rng: np.random.Generator) -> list[np.ndarray]:
+def _pfllib_floor_reference(
+    labels: np.ndarray, num_clients: int, alpha: float, min_size: int, rng: np.random.Generator
+) -> list[np.ndarray]:
     """PFLlib's rule written out independently: cap clients at ≥ N/K, cut at floor(cumsum·n_c)."""
     while True:
         batches: list[list[int]] = [[] for _ in range(num_clients)]
@@ -123,8 +125,7 @@ def test_largest_remainder_counts_are_within_one_and_sum_up() -> None:
 def test_largest_remainder_breaks_ties_at_random() -> None:
     # 4 samples over 3 equal shares: one client gets 2, each position equally often
     rng = np.random.default_rng(0)
-    winners = [int(np.argmax(largest_remainder_counts(np.full(3, 1 / 3), 4, rng)))
-               for _ in range(3000)]
+    winners = [int(np.argmax(largest_remainder_counts(np.full(3, 1 / 3), 4, rng))) for _ in range(3000)]
     shares = np.bincount(winners, minlength=3) / 3000
     assert np.all(np.abs(shares - 1 / 3) < 0.04), shares
     # a zero share never gets a leftover
@@ -144,8 +145,7 @@ class _ScriptedDirichlet:
         return getattr(self._real, name)
 
 
-@pytest.mark.parametrize("cut, sizes", [("floor", [10, 10]), ("unbiased", [10, 10]),
-                                        ("flower", [15, 5])])
+@pytest.mark.parametrize("cut, sizes", [("floor", [10, 10]), ("unbiased", [10, 10]), ("flower", [15, 5])])
 def test_balance_rules(cut: str, sizes: list[int]) -> None:
     # Class 0 goes entirely to client 0, which then holds exactly N/K = 10 samples. pflbench's
     # (PFLlib's) rule caps it for class 1 (≥ N/K); Flower's caps only above round(N/K).

@@ -1,5 +1,6 @@
 """FedPer / FedRep: the head stays on the client, frozen parts do not move, the server
 averages only the body, and heads persist across rounds a client sits out."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,23 +8,23 @@ import torch
 
 from pflbench.config import RunConfig
 from pflbench.models import build_model, head_parameter_names
-from pflbench.testing import Harness
 from pflbench.runner import prepare
+from pflbench.testing import Harness
 
 HEAD = {"fc3.weight", "fc3.bias"}  # the mlp's classifier
 
 
 def server_for(algo: str, **overrides):
-    settings = dict(algo=algo, dataset="digits", model="mlp", num_clients=4, rounds=2, lr=0.05,
-                    out="unused")
+    settings = dict(algo=algo, dataset="digits", model="mlp", num_clients=4, rounds=2, lr=0.05, out="unused")
     settings.update(overrides)
     algo_options = settings.pop("algo_options", {})
     return Harness(prepare(RunConfig(**settings), algo_options))
 
 
-@pytest.mark.parametrize("model, head", [("mlp", {"fc3.weight", "fc3.bias"}),
-                                         ("cnn", {"fc3.weight", "fc3.bias"}),
-                                         ("lenet", {"fc3.weight", "fc3.bias"})])
+@pytest.mark.parametrize(
+    "model, head",
+    [("mlp", {"fc3.weight", "fc3.bias"}), ("cnn", {"fc3.weight", "fc3.bias"}), ("lenet", {"fc3.weight", "fc3.bias"})],
+)
 def test_models_declare_their_head(model: str, head: set[str]) -> None:
     assert head_parameter_names(build_model(model, (1, 8, 8), 10)) == head
     two = head_parameter_names(build_model(model, (1, 8, 8), 10), head_layers=2)
@@ -68,8 +69,7 @@ def _snapshot(server, names):
 
 def test_fedrep_head_phase_leaves_body_bit_identical() -> None:
     """Only the head phase runs (local_epochs=0); momentum and weight decay are on."""
-    server = server_for("fedrep", local_epochs=0, momentum=0.9, weight_decay=0.01,
-                        algo_options={"head_epochs": 2})
+    server = server_for("fedrep", local_epochs=0, momentum=0.9, weight_decay=0.01, algo_options={"head_epochs": 2})
     received = {n: t.clone() for n, t in server.global_state.items()}
     update = server.train_client(0, received, 1)
     for name in server.shared_names:
@@ -101,8 +101,9 @@ def test_head_persists_across_rounds_the_client_sits_out(algo: str) -> None:
 
     def after_round(record):
         (client,) = record["clients"]
-        history.append((client, {k: {n: t.clone() for n, t in server.store.get(k).items()}
-                                 for k in range(4) if k in server.store}))
+        history.append(
+            (client, {k: {n: t.clone() for n, t in server.store.get(k).items()} for k in range(4) if k in server.store})
+        )
 
     server.run(after_round)
     for round_index, (client, heads) in enumerate(history[1:], start=1):

@@ -1,4 +1,5 @@
 """The public hold-out, the cached pretrained backbone, and how LoRA runs pick their defaults."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,15 +11,15 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from pflbench.cli import cli
 from pflbench.algorithms.fedavg import FedAvg
+from pflbench.cli import cli
 from pflbench.config import RunConfig, resolve
 from pflbench.data import load_dataset
 from pflbench.errors import ConfigError
 from pflbench.partition import partition, split_train_test
-from pflbench.testing import Harness
 from pflbench.runner import make_partition, prepare
 from pflbench.seeding import rng_stream
+from pflbench.testing import Harness
 
 TINY_VIT = ("depth=1", "embed_dim=16", "num_heads=2")
 MODEL_ARGS = [*[arg for option in TINY_VIT for arg in ("--model-option", option)], "--pretrain-epochs", "2"]
@@ -26,9 +27,18 @@ TINY_RUN = ["--dataset", "digits", "--num-clients", "3", "--rounds", "1", "--qui
 
 
 def lora_config(tmp_path: Path, **changes) -> RunConfig:
-    settings = dict(algo="fedavg", dataset="digits", model="vit_tiny_patch16_224", model_option=TINY_VIT,
-                    lora_rank=2, public_frac=0.2, pretrain_epochs=2, num_clients=3, rounds=1,
-                    out=str(tmp_path))
+    settings = dict(
+        algo="fedavg",
+        dataset="digits",
+        model="vit_tiny_patch16_224",
+        model_option=TINY_VIT,
+        lora_rank=2,
+        public_frac=0.2,
+        pretrain_epochs=2,
+        num_clients=3,
+        rounds=1,
+        out=str(tmp_path),
+    )
     return RunConfig(**{**settings, **changes})
 
 
@@ -108,8 +118,9 @@ def test_cli_lora_run_uses_recorded_defaults_and_the_pretrain_command_shares_its
     pretrained = runner.invoke(cli, ["pretrain", "--dataset", "digits", *MODEL_ARGS])
     assert pretrained.exit_code == 0, pretrained.output
     assert "held-back accuracy" in pretrained.output and "weights: " in pretrained.output
-    result = runner.invoke(cli, ["run", "--algo", "fedavg", "--lora-rank", "2", *TINY_RUN, *MODEL_ARGS,
-                                 "--out", str(tmp_path)])
+    result = runner.invoke(
+        cli, ["run", "--algo", "fedavg", "--lora-rank", "2", *TINY_RUN, *MODEL_ARGS, "--out", str(tmp_path)]
+    )
     assert result.exit_code == 0, result.output
     assert "before fine-tuning: pers_acc" in result.output and "head not in the file" in result.output
     (folder,) = list((tmp_path / "runs").iterdir())
@@ -117,8 +128,7 @@ def test_cli_lora_run_uses_recorded_defaults_and_the_pretrain_command_shares_its
     assert config["model"] == "vit_tiny_patch16_224" and config["public_frac"] == 0.2
     assert config["model_option"] == list(TINY_VIT)
     # --model-option was given: the user's options stay, the model comes from the LoRA defaults
-    assert set(config["resolved"]["run_defaults"]) == {"model", "public_frac", "optimizer", "lr",
-                                                       "max_grad_norm"}
+    assert set(config["resolved"]["run_defaults"]) == {"model", "public_frac", "optimizer", "lr", "max_grad_norm"}
     assert config["resolved"]["backbone"]["cache"] == "hit"
     assert len(json.loads((folder / "partition.json").read_text())["public_indices"]) > 300
     summary = json.loads((folder / "summary.json").read_text())

@@ -4,6 +4,7 @@ whose worker died; without Ray both are one ``Error:`` line.
 
 The Ray tests share one local instance with 2 CPUs (module fixture) and skip when Ray is absent.
 """
+
 from __future__ import annotations
 
 import csv
@@ -29,11 +30,27 @@ except ImportError:  # the Ray tests skip; the missing-Ray tests still run
 
 needs_ray = pytest.mark.skipif(ray is None, reason='Ray is not installed (pip install "pflbench[ray]")')
 BUILT_IN = ("fedavg", "fedper", "fedrep", "fedprox", "local", "flexlora", "fedsdg")
-TIMES = ("round_time_s", "eval_time_s", "peak_mem_mb", "wall_time_s", "run_dir", "server_svd_time_s",
-         "round_time_s_mean")
+TIMES = (
+    "round_time_s",
+    "eval_time_s",
+    "peak_mem_mb",
+    "wall_time_s",
+    "run_dir",
+    "server_svd_time_s",
+    "round_time_s_mean",
+)
 # as tests/test_algorithms.py: LoRA algorithms adapt the mlp's hidden layers on a random body
-TINY = dict(dataset="digits", model="mlp", num_clients=4, rounds=2, alpha=0.5, optimizer="adam",
-            lr=0.01, lora_targets="fc1,fc2", backbone="random")
+TINY = dict(
+    dataset="digits",
+    model="mlp",
+    num_clients=4,
+    rounds=2,
+    alpha=0.5,
+    optimizer="adam",
+    lr=0.01,
+    lora_targets="fc1,fc2",
+    backbone="random",
+)
 TINY_ARGS = ["--model", "mlp", "--num-clients", "4", "--rounds", "2", "--quiet"]
 
 
@@ -90,13 +107,19 @@ def local_ray():
 
 def comparable(run_dir: Path) -> dict[str, Any]:
     """Every number of a run folder except timings and memory (and where it was written)."""
-    rounds = [{k: v for k, v in json.loads(line).items() if k not in TIMES}
-              for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
+    rounds = [
+        {k: v for k, v in json.loads(line).items() if k not in TIMES}
+        for line in (run_dir / "rounds.jsonl").read_text().splitlines()
+    ]
     summary = {k: v for k, v in json.loads((run_dir / "summary.json").read_text()).items() if k not in TIMES}
     with open(run_dir / "clients.csv") as handle:
         clients = list(csv.DictReader(handle))
-    return {"rounds": rounds, "summary": summary, "clients": clients,
-            "partition": json.loads((run_dir / "partition.json").read_text())}
+    return {
+        "rounds": rounds,
+        "summary": summary,
+        "clients": clients,
+        "partition": json.loads((run_dir / "partition.json").read_text()),
+    }
 
 
 def run_folder(out: Path) -> Path:
@@ -126,7 +149,9 @@ def test_program_and_data_are_shipped_once(local_ray, tmp_path: Path, monkeypatc
     config = RunConfig(algo="fedprox", out=str(tmp_path), executor="ray", ray_workers=2, **{**TINY, "rounds": 3})
     prepared = prepare(config)
     put, shipped = local_ray.put, []
-    monkeypatch.setattr(local_ray, "put", lambda value, **kw: (shipped.append(type(value).__name__), put(value, **kw))[1])
+    monkeypatch.setattr(
+        local_ray, "put", lambda value, **kw: (shipped.append(type(value).__name__), put(value, **kw))[1]
+    )
     execute(prepared)
     program = type(prepared.algorithm.program).__name__
     assert isinstance(prepared.algorithm.program, ClientProgram)
@@ -135,7 +160,7 @@ def test_program_and_data_are_shipped_once(local_ray, tmp_path: Path, monkeypatc
     assert set(shipped) == {program, "dict"}, shipped
 
 
-SMOOTH = '''
+SMOOTH = """
 import torch.nn.functional as F
 from pflbench import ClientProgram, register_algorithm
 from pflbench.algorithms.fedavg import FedAvg
@@ -149,7 +174,7 @@ class Smooth(ClientProgram):
 @register_algorithm("smoothavg_ray")
 class SmoothAvg(FedAvg):
     program_class = Smooth
-'''
+"""
 
 
 @needs_ray
@@ -214,7 +239,7 @@ def test_sweep_on_ray_writes_what_a_local_sweep_writes_and_resumes(local_ray, tm
     assert code == 0 and "1 done, 1 skipped" in output, output
 
 
-CRASHY = '''
+CRASHY = """
 import os, signal
 from pathlib import Path
 from pflbench import register_algorithm
@@ -236,7 +261,7 @@ class CrashOnce(ClientProgram):
 @register_algorithm("crashonce")
 class CrashOnceAvg(FedAvg):
     program_class = CrashOnce
-'''
+"""
 
 
 @needs_ray

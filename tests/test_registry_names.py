@@ -1,4 +1,5 @@
 """Issue 9 (8): registered names are safe, duplicates name both sources, broken plugins are errors."""
+
 from __future__ import annotations
 
 import sys
@@ -10,8 +11,7 @@ from click.testing import CliRunner
 from pflbench.cli import cli
 from pflbench.errors import ConfigError
 from pflbench.models import build_model
-from pflbench.registry import (ALGORITHMS, MODELS, REGISTRIES, Registry, check_name,
-                               load_plugin_file)
+from pflbench.registry import ALGORITHMS, MODELS, REGISTRIES, Registry, check_name, load_plugin_file
 
 TINY = ["--dataset", "digits", "--model", "mlp", "--num-clients", "3", "--rounds", "1", "--quiet"]
 
@@ -45,9 +45,28 @@ def plugin_file(folder: Path, name: str, body: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name", ["", "FedAvg", "has space", "../escape", "a/b", "x" * 65,
-                                  "<script>alert(1)</script>", "-dash", ".hidden", "_under",
-                                  "naïve", "tab\there", "new\nline", "a|b", "`cmd`", 7, None])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "FedAvg",
+        "has space",
+        "../escape",
+        "a/b",
+        "x" * 65,
+        "<script>alert(1)</script>",
+        "-dash",
+        ".hidden",
+        "_under",
+        "naïve",
+        "tab\there",
+        "new\nline",
+        "a|b",
+        "`cmd`",
+        7,
+        None,
+    ],
+)
 def test_unsafe_names_cannot_be_registered(name) -> None:
     registry = Registry("algorithm", "pflbench.no_such_group")
     with pytest.raises(ConfigError, match="is not allowed"):
@@ -55,8 +74,19 @@ def test_unsafe_names_cannot_be_registered(name) -> None:
     assert dict(registry.items) == {}
 
 
-@pytest.mark.parametrize("name", ["fedavg", "fedrep", "vit_tiny_patch16_224", "resnet18",
-                                  "vit_tiny_patch16_224.augreg_in21k", "my-algo.v2", "0x", "x" * 64])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "fedavg",
+        "fedrep",
+        "vit_tiny_patch16_224",
+        "resnet18",
+        "vit_tiny_patch16_224.augreg_in21k",
+        "my-algo.v2",
+        "0x",
+        "x" * 64,
+    ],
+)
 def test_safe_names_including_timm_style_ones_are_accepted(name) -> None:
     assert check_name("model", name) == name
 
@@ -104,19 +134,25 @@ def test_a_plugin_with_an_unsafe_name_is_one_error(tmp_path: Path) -> None:
     assert code == 2 and "'Evil Name' is not allowed" in line and str(plugin) in line
 
 
-@pytest.mark.parametrize("body, expected", [
-    ("import sys\nsys.exit(3)\n", "called sys.exit(3)"),
-    ("import sys\nsys.exit(0)\n", "called sys.exit(0)"),
-    ("exit()\n", "called sys.exit(None)"),
-    ("raise SystemExit('bye')\n", "called sys.exit('bye')"),
-    ("raise RuntimeError('boom\\nsecond line')\n", "failed to import: RuntimeError: boom second line"),
-    ("import no_such_module_xyz\n", "failed to import: ModuleNotFoundError"),
-    ("@register_algorithm('half_probe')\nclass S:\n    pass\nraise ValueError('late')\n",
-     "failed to import: ValueError: late"),
-])
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ("import sys\nsys.exit(3)\n", "called sys.exit(3)"),
+        ("import sys\nsys.exit(0)\n", "called sys.exit(0)"),
+        ("exit()\n", "called sys.exit(None)"),
+        ("raise SystemExit('bye')\n", "called sys.exit('bye')"),
+        ("raise RuntimeError('boom\\nsecond line')\n", "failed to import: RuntimeError: boom second line"),
+        ("import no_such_module_xyz\n", "failed to import: ModuleNotFoundError"),
+        (
+            "@register_algorithm('half_probe')\nclass S:\n    pass\nraise ValueError('late')\n",
+            "failed to import: ValueError: late",
+        ),
+    ],
+)
 @pytest.mark.parametrize("command", ["list", "run"])
-def test_a_plugin_that_exits_or_raises_on_import_is_one_error(tmp_path: Path, body: str,
-                                                             expected: str, command: str) -> None:
+def test_a_plugin_that_exits_or_raises_on_import_is_one_error(
+    tmp_path: Path, body: str, expected: str, command: str
+) -> None:
     plugin = plugin_file(tmp_path, "broken_probe.py", body)
     extra = [*TINY, "--out", str(tmp_path / "out")] if command == "run" else []
     code, output = invoke(command, "--plugin", str(plugin), *extra)

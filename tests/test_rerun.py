@@ -1,4 +1,5 @@
 """`pflbench rerun RUN_DIR`: the same run from its config.json, identical metrics, new folder."""
+
 from __future__ import annotations
 
 import json
@@ -27,13 +28,27 @@ def invoke(*args: str) -> tuple[int, str]:
 
 
 def rounds(folder: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS}
-            for line in (folder / "rounds.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS}
+        for line in (folder / "rounds.jsonl").read_text().splitlines()
+    ]
 
 
 def test_rerun_reproduces_the_metrics_in_a_new_folder(tmp_path: Path) -> None:
-    code, output = invoke("run", "--algo", "fedrep", "--head-epochs", "2", "--alpha", "0.3",
-                          "--momentum", "0.5", *TINY, "--out", str(tmp_path))
+    code, output = invoke(
+        "run",
+        "--algo",
+        "fedrep",
+        "--head-epochs",
+        "2",
+        "--alpha",
+        "0.3",
+        "--momentum",
+        "0.5",
+        *TINY,
+        "--out",
+        str(tmp_path),
+    )
     assert code == 0, output
     (original,) = list((tmp_path / "runs").iterdir())
     before = {p.name: p.read_bytes() for p in original.iterdir() if p.is_file()}
@@ -82,8 +97,9 @@ def test_compare_rounds_reports_differences(tmp_path: Path) -> None:
     for name, loss in (("a", 1.0), ("b", 1.5)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "rounds.jsonl").write_text(
-            json.dumps({"round": 1, "train_loss": loss, "round_time_s": len(name) * loss,
-                        "pers_acc": float("nan")}) + "\n")
+            json.dumps({"round": 1, "train_loss": loss, "round_time_s": len(name) * loss, "pers_acc": float("nan")})
+            + "\n"
+        )
     assert compare_rounds(tmp_path / "a", tmp_path / "a") == []
     assert compare_rounds(tmp_path / "a", tmp_path / "b") == ["round 1: train_loss differ"]
 

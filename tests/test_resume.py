@@ -7,6 +7,7 @@ The kill: ``PFLBENCH_TEST_KILL_AFTER_ROUND=3`` makes the process SIGKILL itself 
 killed process is a fork of the test process (no second torch import); one test goes through
 the CLI in a fresh subprocess.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,23 +23,68 @@ from pflbench.checkpoint import CHECKPOINT_FILE
 from pflbench.config import RunConfig
 from pflbench.runner import run_experiment
 
-TIMING = {"round_time_s", "eval_time_s", "peak_mem_mb", "server_svd_time_s", "wall_time_s", "run_dir",
-          "round_time_s_mean", "checkpoints_written", "checkpoint_time_s"}
+TIMING = {
+    "round_time_s",
+    "eval_time_s",
+    "peak_mem_mb",
+    "server_svd_time_s",
+    "wall_time_s",
+    "run_dir",
+    "round_time_s_mean",
+    "checkpoints_written",
+    "checkpoint_time_s",
+}
 BUILT_IN = ("fedavg", "fedprox", "local", "fedper", "fedrep", "flexlora", "fedsdg")
 LORA = ("flexlora", "fedsdg")
 
 
 def tiny(algo: str, out: Path) -> RunConfig:
-    return RunConfig(algo=algo, dataset="digits", model="mlp", num_clients=3, rounds=4, alpha=0.5,
-                     optimizer="adam", lr=0.01, out=str(out), backbone="random", checkpoint_every=2,
-                     frac=0.67, **({"lora_targets": "fc1,fc2"} if algo in LORA else {}))
+    return RunConfig(
+        algo=algo,
+        dataset="digits",
+        model="mlp",
+        num_clients=3,
+        rounds=4,
+        alpha=0.5,
+        optimizer="adam",
+        lr=0.01,
+        out=str(out),
+        backbone="random",
+        checkpoint_every=2,
+        frac=0.67,
+        **({"lora_targets": "fc1,fc2"} if algo in LORA else {}),
+    )
 
 
 def cli_args(config: RunConfig) -> list[str]:
-    args = ["run", "--algo", config.algo, "--dataset", config.dataset, "--model", config.model,
-            "--num-clients", str(config.num_clients), "--rounds", str(config.rounds), "--alpha", "0.5",
-            "--optimizer", "adam", "--lr", "0.01", "--out", config.out, "--backbone", "random",
-            "--checkpoint-every", "2", "--frac", "0.67", "--quiet"]
+    args = [
+        "run",
+        "--algo",
+        config.algo,
+        "--dataset",
+        config.dataset,
+        "--model",
+        config.model,
+        "--num-clients",
+        str(config.num_clients),
+        "--rounds",
+        str(config.rounds),
+        "--alpha",
+        "0.5",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.01",
+        "--out",
+        config.out,
+        "--backbone",
+        "random",
+        "--checkpoint-every",
+        "2",
+        "--frac",
+        "0.67",
+        "--quiet",
+    ]
     if config.algo in LORA:
         args += ["--lora-targets", "fc1,fc2"]
     return args
@@ -46,14 +92,22 @@ def cli_args(config: RunConfig) -> list[str]:
 
 def run_cli(args: list[str], **env: str) -> subprocess.CompletedProcess:
     code = "import sys; from pflbench.cli import main; sys.argv[0] = 'pflbench'; main()"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **env}, timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        timeout=300,
+        check=False,
+    )
 
 
 def contents(folder: Path) -> tuple[list[dict], dict, str]:
     (run,) = [p for p in (folder / "runs").iterdir() if not p.name.startswith(".") and p.is_dir()]
-    rounds = [{k: v for k, v in json.loads(line).items() if k not in TIMING}
-              for line in (run / "rounds.jsonl").read_text().splitlines()]
+    rounds = [
+        {k: v for k, v in json.loads(line).items() if k not in TIMING}
+        for line in (run / "rounds.jsonl").read_text().splitlines()
+    ]
     summary = {k: v for k, v in json.loads((run / "summary.json").read_text()).items() if k not in TIMING}
     return rounds, summary, (run / "clients.csv").read_text()
 

@@ -1,5 +1,6 @@
 """`--save-model` and `--log` wired into runs: files that reload into the run's models, trackers
 fed by the run's own records."""
+
 from __future__ import annotations
 
 import copy
@@ -16,8 +17,7 @@ from pflbench.models import build_model
 from pflbench.runner import prepare
 from pflbench.saving import load_run_models
 
-TINY = ["--dataset", "digits", "--model", "mlp", "--num-clients", "4", "--rounds", "3", "--lr", "0.05",
-        "--quiet"]
+TINY = ["--dataset", "digits", "--model", "mlp", "--num-clients", "4", "--rounds", "3", "--lr", "0.05", "--quiet"]
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -73,8 +73,9 @@ def test_save_model_private_states_rebuild_the_personal_models(tmp_path: Path) -
     assert sorted(clients) == [0, 1, 2, 3]
     assert set(clients[0]) == {"fc3.weight", "fc3.bias"}  # FedPer's private head
     assert "fc3.weight" not in shared and "fc1.weight" in shared
-    data = prepare(RunConfig(algo="fedper", model="mlp", num_clients=4, rounds=3, lr=0.05,
-                             out=str(tmp_path / "x"))).data
+    data = prepare(
+        RunConfig(algo="fedper", model="mlp", num_clients=4, rounds=3, lr=0.05, out=str(tmp_path / "x"))
+    ).data
     per_client = (folder / "clients.csv").read_text().splitlines()
     header = per_client[0].split(",")
     for line in per_client[1:]:
@@ -89,8 +90,9 @@ def test_save_model_torch_format_loads_weights_only(tmp_path: Path) -> None:
     from pflbench.runner import execute
     from pflbench.saving import save_run_models
 
-    prepared = prepare(RunConfig(algo="local", model="mlp", num_clients=3, rounds=1, lr=0.05,
-                                 save_model=True, out=str(tmp_path)))
+    prepared = prepare(
+        RunConfig(algo="local", model="mlp", num_clients=3, rounds=1, lr=0.05, save_model=True, out=str(tmp_path))
+    )
     execute(prepared)
     global_state, clients, meta = load_run_models(prepared.run_dir)
     assert global_state is None and not meta["has_global_model"] and sorted(clients) == [0, 1, 2]
@@ -102,9 +104,20 @@ def test_save_model_torch_format_loads_weights_only(tmp_path: Path) -> None:
 
 
 def test_save_model_lora_run_exports_a_peft_adapter(tmp_path: Path) -> None:
-    prepared = prepare(RunConfig(algo="fedavg", model="mlp", num_clients=3, rounds=2, lora_rank=4,
-                                 lora_targets="fc1,fc2", backbone="random", public_frac=0.0,
-                                 save_model=True, out=str(tmp_path)))
+    prepared = prepare(
+        RunConfig(
+            algo="fedavg",
+            model="mlp",
+            num_clients=3,
+            rounds=2,
+            lora_rank=4,
+            lora_targets="fc1,fc2",
+            backbone="random",
+            public_frac=0.0,
+            save_model=True,
+            out=str(tmp_path),
+        )
+    )
     from pflbench.runner import execute
 
     execute(prepared)
@@ -149,8 +162,20 @@ def test_log_mlflow_logs_params_and_rounds(tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'store.db'}"
-    code, output = invoke("run", "--algo", "fedprox", "--mu", "0.1", *TINY, "--log", "mlflow",
-                          "--mlflow-uri", uri, "--out", str(tmp_path / "out"))
+    code, output = invoke(
+        "run",
+        "--algo",
+        "fedprox",
+        "--mu",
+        "0.1",
+        *TINY,
+        "--log",
+        "mlflow",
+        "--mlflow-uri",
+        uri,
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert code == 0, output
     folder = run_folder(tmp_path / "out")
     client = MlflowClient(tracking_uri=uri)
@@ -174,6 +199,14 @@ def test_save_model_and_log_are_not_part_of_the_identity() -> None:
     algorithm = ALGORITHMS.get("fedavg")
     hparams = algorithm.hyperparameters()
     plain = RunConfig(model="mlp", lr=0.05, optimizer="sgd", public_frac=0.0, max_grad_norm=0.0)
-    extra = RunConfig(model="mlp", lr=0.05, optimizer="sgd", public_frac=0.0, max_grad_norm=0.0,
-                      save_model=True, log=("tensorboard",), mlflow_uri="sqlite:///x.db")
+    extra = RunConfig(
+        model="mlp",
+        lr=0.05,
+        optimizer="sgd",
+        public_frac=0.0,
+        max_grad_norm=0.0,
+        save_model=True,
+        log=("tensorboard",),
+        mlflow_uri="sqlite:///x.db",
+    )
     assert run_identity(plain, algorithm, hparams) == run_identity(extra, algorithm, hparams)

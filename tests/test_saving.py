@@ -1,4 +1,5 @@
 """Saved run models (safetensors / weights_only torch files) and peft adapter export."""
+
 from __future__ import annotations
 
 import copy
@@ -9,16 +10,21 @@ import torch
 from torch import nn
 
 from pflbench.lora import LoRALinear, apply_lora, lora_layers
-from pflbench.saving import (base_model_state, export_peft_adapter, load_run_models,
-                             save_run_models)
+from pflbench.saving import base_model_state, export_peft_adapter, load_run_models, save_run_models
 
 
 def _states():
     torch.manual_seed(0)
-    global_state = {"fc1.weight": torch.randn(4, 3), "fc1.bias": torch.randn(4),
-                    "bn.num_batches_tracked": torch.tensor(7), "half": torch.randn(2, 2).half()}
-    clients = {3: {"head.weight": torch.randn(2, 4)}, 0: {"head.weight": torch.randn(2, 4),
-                                                          "head.bias": torch.zeros(2)}}
+    global_state = {
+        "fc1.weight": torch.randn(4, 3),
+        "fc1.bias": torch.randn(4),
+        "bn.num_batches_tracked": torch.tensor(7),
+        "half": torch.randn(2, 2).half(),
+    }
+    clients = {
+        3: {"head.weight": torch.randn(2, 4)},
+        0: {"head.weight": torch.randn(2, 4), "head.bias": torch.zeros(2)},
+    }
     return global_state, clients
 
 
@@ -45,8 +51,8 @@ def test_save_run_models_round_trip(tmp_path, fmt):
         assert torch.equal(direct["fc1.weight"], global_state["fc1.weight"])
     else:
         from safetensors.torch import load_file
-        assert torch.equal(load_file(models / "clients" / "3.safetensors")["head.weight"],
-                           clients[3]["head.weight"])
+
+        assert torch.equal(load_file(models / "clients" / "3.safetensors")["head.weight"], clients[3]["head.weight"])
 
 
 def test_save_run_models_without_global_and_rewrite(tmp_path):
@@ -73,6 +79,7 @@ def test_save_run_models_rejects_objects(tmp_path):
 
 
 # --------------------------------------------------------------------------- peft
+
 
 class MLP(nn.Module):
     def __init__(self):
@@ -115,13 +122,21 @@ def test_peft_adapter_matches_pflbench_outputs(tmp_path):
     with torch.no_grad():
         expected, plain = model(x), base(x)
     assert not torch.allclose(expected, plain, atol=1e-3)
-    export_peft_adapter(model, tmp_path, lora_layers(model), rank=4, alpha=8.0,
-                        target_modules=["fc1", "block.0", "fc2"], base_model_name="mlp")
+    export_peft_adapter(
+        model,
+        tmp_path,
+        lora_layers(model),
+        rank=4,
+        alpha=8.0,
+        target_modules=["fc1", "block.0", "fc2"],
+        base_model_name="mlp",
+    )
     config = json.loads((tmp_path / "adapter_config.json").read_text())
     assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 4, 8)
     assert config["target_modules"] == ["block.0", "fc1", "fc2"]
     assert config["modules_to_save"] == ["head"]
     from safetensors.torch import load_file
+
     weights = load_file(tmp_path / "adapter_model.safetensors")
     assert weights["base_model.model.fc1.lora_A.weight"].shape == (4, 6)
     assert weights["base_model.model.fc2.lora_B.weight"].shape == (12, 4)
@@ -132,8 +147,15 @@ def test_peft_adapter_matches_pflbench_outputs(tmp_path):
     config["lora_alpha"] = 16
     (tmp_path / "adapter_config.json").write_text(json.dumps(config))
     assert not torch.allclose(_peft_outputs(base, tmp_path, x), expected, atol=1e-3)
-    export_peft_adapter(model, tmp_path, lora_layers(model), rank=4, alpha=8.0,
-                        target_modules=["fc1", "block.0", "fc2"], modules_to_save=[])
+    export_peft_adapter(
+        model,
+        tmp_path,
+        lora_layers(model),
+        rank=4,
+        alpha=8.0,
+        target_modules=["fc1", "block.0", "fc2"],
+        modules_to_save=[],
+    )
     assert not torch.allclose(_peft_outputs(base, tmp_path, x), expected, atol=1e-3)
 
 
@@ -174,8 +196,16 @@ def test_peft_adapter_timm_vit(tmp_path):
     pytest.importorskip("peft")
     timm = pytest.importorskip("timm")
     torch.manual_seed(3)
-    base = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=8, patch_size=2,
-                             depth=2, embed_dim=32, num_heads=2, num_classes=10).eval()
+    base = timm.create_model(
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        img_size=8,
+        patch_size=2,
+        depth=2,
+        embed_dim=32,
+        num_heads=2,
+        num_classes=10,
+    ).eval()
     model = copy.deepcopy(base)
     apply_lora(model, 4, 16.0, ["qkv", "proj", "fc2"])
     with torch.no_grad():
@@ -186,8 +216,9 @@ def test_peft_adapter_timm_vit(tmp_path):
     with torch.no_grad():
         expected = model(x)
         assert not torch.allclose(expected, base(x), atol=1e-3)
-    export_peft_adapter(model, tmp_path, lora_layers(model), 4, 16.0, ["qkv", "proj", "fc2"],
-                        base_model_name="vit_tiny_patch16_224")
+    export_peft_adapter(
+        model, tmp_path, lora_layers(model), 4, 16.0, ["qkv", "proj", "fc2"], base_model_name="vit_tiny_patch16_224"
+    )
     config = json.loads((tmp_path / "adapter_config.json").read_text())
     assert "blocks.1.attn.proj" in config["target_modules"] and len(config["target_modules"]) == 6
     torch.testing.assert_close(_peft_outputs(base, tmp_path, x), expected, atol=1e-5, rtol=0)
@@ -202,12 +233,12 @@ class TwoBranchLoRA(LoRALinear):
         self.lora_B_private = nn.Parameter(torch.randn_like(self.lora_B))
 
     def adapter(self, x):
-        return self.branch(x, self.lora_A, self.lora_B) + 0.3 * self.branch(
-            x, self.lora_A_private, self.lora_B_private)
+        return self.branch(x, self.lora_A, self.lora_B) + 0.3 * self.branch(x, self.lora_A_private, self.lora_B_private)
 
     def delta_weight(self):
         return self.branch_delta(self.lora_A, self.lora_B) + 0.3 * self.branch_delta(
-            self.lora_A_private, self.lora_B_private)
+            self.lora_A_private, self.lora_B_private
+        )
 
 
 def test_peft_adapter_extra_branches(tmp_path):

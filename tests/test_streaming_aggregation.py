@@ -1,5 +1,6 @@
 """Streaming aggregation: FedAvg-style rounds fold each upload in as it arrives, bit-identical
 to averaging the list of uploads, and the round keeps no uploads."""
+
 from __future__ import annotations
 
 import torch
@@ -18,8 +19,9 @@ class Uploads(Observer):
 
 
 def test_streamed_average_is_bit_identical_and_uploads_are_not_held(tmp_path) -> None:
-    prepared = prepare(RunConfig(algo="fedper", dataset="digits", model="mlp", num_clients=5, rounds=1,
-                                 out=str(tmp_path)))
+    prepared = prepare(
+        RunConfig(algo="fedper", dataset="digits", model="mlp", num_clients=5, rounds=1, out=str(tmp_path))
+    )
     algorithm = prepared.algorithm
     assert algorithm.streaming_aggregate([1]) is not None
     seen = Uploads()
@@ -32,6 +34,16 @@ def test_streamed_average_is_bit_identical_and_uploads_are_not_held(tmp_path) ->
 
 
 def test_algorithms_with_their_own_rule_get_the_whole_list(tmp_path) -> None:
-    prepared = prepare(RunConfig(algo="fedsdg", dataset="digits", model="mlp", num_clients=3, rounds=1,
-                                 lora_targets="fc1,fc2", backbone="random", out=str(tmp_path)))
+    prepared = prepare(
+        RunConfig(
+            algo="fedsdg",
+            dataset="digits",
+            model="mlp",
+            num_clients=3,
+            rounds=1,
+            lora_targets="fc1,fc2",
+            backbone="random",
+            out=str(tmp_path),
+        )
+    )
     assert prepared.algorithm.streaming_aggregate([1, 2, 3]) is None

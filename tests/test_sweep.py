@@ -1,5 +1,6 @@
 """Sweeps: grid expansion (pure), and a real tiny sweep that records failures, shares partitions
 and client sequences across algorithms, skips finished runs on rerun and resumes after Ctrl-C."""
+
 from __future__ import annotations
 
 import json
@@ -38,18 +39,25 @@ def test_hyperparameter_axis_multiplies_only_its_algorithms() -> None:
 def test_grid_keeps_shared_options_and_runs_all_algorithms_per_seed() -> None:
     runs = expand_grid(BASE, Grid(("fedavg", "fedper"), ("digits",), (0.5,), (3, 4), {"local_epochs": ("1", "5")}))
     assert [(r.config.seed, r.config.local_epochs, r.config.algo) for r in runs[:4]] == [
-        (3, 1, "fedavg"), (3, 1, "fedper"), (3, 5, "fedavg"), (3, 5, "fedper")]
+        (3, 1, "fedavg"),
+        (3, 1, "fedper"),
+        (3, 5, "fedavg"),
+        (3, 5, "fedper"),
+    ]
     assert all(r.config.model == "mlp" and r.config.rounds == 2 for r in runs)
 
 
-@pytest.mark.parametrize("axes, message", [
-    ({"nope": ("1",)}, "'nope' is neither a run option nor a hyperparameter of fedavg, fedprox"),
-    ({"head_epochs": ("2",)}, "hyperparameter of fedavg, fedprox; hyperparameters: mu (fedprox)"),
-    ({"local_epochs": ("1.5",)}, "--set local_epochs: '1.5' is not a valid int"),
-    ({"optimizer": ("rmsprop",)}, "--set optimizer: 'rmsprop' is not one of: sgd, adam"),
-    ({"lr": ("-1",)}, "--lr must be a finite number > 0"),
-    ({"mu": ("-1",)}, "--mu must be ≥ 0"),
-])
+@pytest.mark.parametrize(
+    "axes, message",
+    [
+        ({"nope": ("1",)}, "'nope' is neither a run option nor a hyperparameter of fedavg, fedprox"),
+        ({"head_epochs": ("2",)}, "hyperparameter of fedavg, fedprox; hyperparameters: mu (fedprox)"),
+        ({"local_epochs": ("1.5",)}, "--set local_epochs: '1.5' is not a valid int"),
+        ({"optimizer": ("rmsprop",)}, "--set optimizer: 'rmsprop' is not one of: sgd, adam"),
+        ({"lr": ("-1",)}, "--lr must be a finite number > 0"),
+        ({"mu": ("-1",)}, "--mu must be ≥ 0"),
+    ],
+)
 def test_bad_axes_are_config_errors(axes: dict[str, tuple[str, ...]], message: str) -> None:
     with pytest.raises(ConfigError) as error:
         expand_grid(BASE, grid(**axes))
@@ -71,10 +79,31 @@ def invoke(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def test_sweep_records_failures_shares_partitions_and_skips_on_rerun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    args = ["sweep", "--algos", "fedavg,fedprox", "--seeds", "0,1", "--alphas", "0.3", "--frac", "0.5",
-            "--set", "num_clients=4,400", "--set", "mu=0.1", "--model", "mlp", "--rounds", "2", "--quiet",
-            "--out", str(tmp_path)]
+def test_sweep_records_failures_shares_partitions_and_skips_on_rerun(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = [
+        "sweep",
+        "--algos",
+        "fedavg,fedprox",
+        "--seeds",
+        "0,1",
+        "--alphas",
+        "0.3",
+        "--frac",
+        "0.5",
+        "--set",
+        "num_clients=4,400",
+        "--set",
+        "mu=0.1",
+        "--model",
+        "mlp",
+        "--rounds",
+        "2",
+        "--quiet",
+        "--out",
+        str(tmp_path),
+    ]
     # an impossible partition in one cell refuses the whole grid up front, before any folder
     code, output = invoke(*args)
     assert code == 2 and "400 clients" in output and output.count("\n") == 1, output
@@ -111,18 +140,24 @@ def test_sweep_records_failures_shares_partitions_and_skips_on_rerun(tmp_path: P
     mtimes = {p: (p / "summary.json").stat().st_mtime_ns for p in runs.iterdir() if (p / "summary.json").exists()}
 
     code, output = invoke(*args)
-    assert code == 1 and "0 done, 4 skipped (already finished), 0 skipped (running elsewhere), 0 diverged, 4 failed" in output, output
+    assert (
+        code == 1
+        and "0 done, 4 skipped (already finished), 0 skipped (running elsewhere), 0 diverged, 4 failed" in output
+    ), output
     assert {p: (p / "summary.json").stat().st_mtime_ns for p in mtimes} == mtimes
     assert len(list((tmp_path / "sweeps").iterdir())) == 2
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--set", "nope=1"], "'nope' is neither a run option"),
-    (["--mu", "0.1", "--set", "mu=0.2", "--algos", "fedprox"], "--mu and --set mu are both given"),
-    (["--lr", "0.1", "--set", "lr=0.2"], "--lr and --set lr are both given"),
-    (["--seeds", "0,x"], "--seeds: 'x' is not a valid int"),
-    (["--algos", "fedavgg"], "unknown algorithm 'fedavgg'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--set", "nope=1"], "'nope' is neither a run option"),
+        (["--mu", "0.1", "--set", "mu=0.2", "--algos", "fedprox"], "--mu and --set mu are both given"),
+        (["--lr", "0.1", "--set", "lr=0.2"], "--lr and --set lr are both given"),
+        (["--seeds", "0,x"], "--seeds: 'x' is not a valid int"),
+        (["--algos", "fedavgg"], "unknown algorithm 'fedavgg'"),
+    ],
+)
 def test_sweep_bad_input_is_one_error_line(tmp_path: Path, args: list[str], message: str) -> None:
     code, output = invoke("sweep", *args, *TINY, "--out", str(tmp_path))
     assert code == 2 and message in output and output.count("\n") == 1, output
@@ -137,6 +172,7 @@ def test_interrupted_sweep_resumes_with_only_the_missing_runs(tmp_path: Path, mo
     def ctrl_c_in_seed_1(prepared, on_round=None, plugins=(), **flags):
         def stop(record: dict) -> None:
             raise KeyboardInterrupt
+
         return real_execute(prepared, stop if prepared.config.seed == 1 else on_round, plugins, **flags)
 
     monkeypatch.setattr(sweep, "execute", ctrl_c_in_seed_1)

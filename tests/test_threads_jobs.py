@@ -1,4 +1,5 @@
 """The thread policy (``--threads``) and parallel sweeps (``pflbench sweep --jobs N``)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,8 +24,9 @@ def test_threads_default_is_one_recorded_and_not_part_of_the_identity(tmp_path) 
     algorithm = ALGORITHMS.get("fedavg")
     hparams = algorithm.hyperparameters()
     config, _ = resolve(config, algorithm, hparams)
-    assert run_identity(config, algorithm, hparams) == \
-        run_identity(dataclasses.replace(config, threads=1), algorithm, hparams)
+    assert run_identity(config, algorithm, hparams) == run_identity(
+        dataclasses.replace(config, threads=1), algorithm, hparams
+    )
     try:
         prepared = prepare(config)
         assert torch.get_num_threads() == 2 and prepared.resolved["threads"] == 2
@@ -43,14 +45,17 @@ def finished(out: Path) -> dict[str, list[dict]]:
     result = {}
     for run in sorted((out / "runs").iterdir()):
         if (run / "summary.json").is_file():
-            result[run.name] = [{k: v for k, v in json.loads(line).items() if k not in TIMING}
-                                for line in (run / "rounds.jsonl").read_text().splitlines()]
+            result[run.name] = [
+                {k: v for k, v in json.loads(line).items() if k not in TIMING}
+                for line in (run / "rounds.jsonl").read_text().splitlines()
+            ]
     return result
 
 
 def test_sweep_jobs_2_gives_the_metrics_of_jobs_1_and_keeps_skip_and_errors(tmp_path) -> None:
     plugin = tmp_path / "boom.py"
-    plugin.write_text(textwrap.dedent('''
+    plugin.write_text(
+        textwrap.dedent("""
         from pflbench import register_algorithm
         from pflbench.algorithms.fedavg import FedAvg
 
@@ -58,7 +63,8 @@ def test_sweep_jobs_2_gives_the_metrics_of_jobs_1_and_keeps_skip_and_errors(tmp_
         class Boom(FedAvg):
             def aggregate(self, updates):
                 raise RuntimeError("boom on purpose")
-    '''))
+    """)
+    )
     load_plugin_file(plugin)
     grid = Grid(("fedavg", "fedper", "test_jobs_boom"), ("digits",), (0.5,), (0,))
     outputs = {}
@@ -66,8 +72,15 @@ def test_sweep_jobs_2_gives_the_metrics_of_jobs_1_and_keeps_skip_and_errors(tmp_
         base = RunConfig(model="mlp", num_clients=3, rounds=1, lr=0.05, out=str(tmp_path / f"jobs{jobs}"))
         runs = expand_grid(base, grid)
         reported = []
-        run_sweep(runs, tmp_path / f"record{jobs}.json", grid, base, (str(plugin),),
-                  lambda index, run, summary, seen=reported: seen.append(index), jobs=jobs)
+        run_sweep(
+            runs,
+            tmp_path / f"record{jobs}.json",
+            grid,
+            base,
+            (str(plugin),),
+            lambda index, run, summary, seen=reported: seen.append(index),
+            jobs=jobs,
+        )
         assert sorted(reported) == list(range(len(runs)))
         statuses = {r.config.algo: r.status for r in runs}
         assert statuses == {"fedavg": "done", "fedper": "done", "test_jobs_boom": "failed"}

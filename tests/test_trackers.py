@@ -1,4 +1,5 @@
 """--log tensorboard / mlflow: what the trackers log, read back with each library's own reader."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,20 +21,43 @@ class FakeHparams:
 
 
 RECORDS = [
-    {"round": 1, "train_loss": 2.0, "pers_acc": None, "global_acc": None, "bytes_up": 1000,
-     "round_time_s": 0.5, "client_ids": [0, 3], "note": "x", "flag": True},
-    {"round": 2, "train_loss": 1.5, "pers_acc": 0.25, "global_acc": 0.5, "bytes_up": 1000,
-     "round_time_s": 0.25, "client_ids": [1, 2], "diverged": float("nan")},
-    {"round": 3, "train_loss": 1.0, "pers_acc": 0.75, "global_acc": 0.625, "bytes_up": 2000,
-     "round_time_s": 0.125},
+    {
+        "round": 1,
+        "train_loss": 2.0,
+        "pers_acc": None,
+        "global_acc": None,
+        "bytes_up": 1000,
+        "round_time_s": 0.5,
+        "client_ids": [0, 3],
+        "note": "x",
+        "flag": True,
+    },
+    {
+        "round": 2,
+        "train_loss": 1.5,
+        "pers_acc": 0.25,
+        "global_acc": 0.5,
+        "bytes_up": 1000,
+        "round_time_s": 0.25,
+        "client_ids": [1, 2],
+        "diverged": float("nan"),
+    },
+    {"round": 3, "train_loss": 1.0, "pers_acc": 0.75, "global_acc": 0.625, "bytes_up": 2000, "round_time_s": 0.125},
 ]
-SUMMARY = {"algo": "fedprox", "pers_acc": 0.75, "rounds": 3, "bytes_up_total": 4000,
-           "peak_mem_mb": None, "run_dir": "somewhere"}
+SUMMARY = {
+    "algo": "fedprox",
+    "pers_acc": 0.75,
+    "rounds": 3,
+    "bytes_up_total": 4000,
+    "peak_mem_mb": None,
+    "run_dir": "somewhere",
+}
 
 
 def _run(tmp_path: Path):
-    config = RunConfig(algo="fedprox", rounds=3, lr=0.05, dataset_option=("num_samples=100",),
-                       out=str(tmp_path / "results"))
+    config = RunConfig(
+        algo="fedprox", rounds=3, lr=0.05, dataset_option=("num_samples=100",), out=str(tmp_path / "results")
+    )
     run_dir = tmp_path / "results" / "runs" / "fedprox-digits-abc"
     run_dir.mkdir(parents=True)
     return SimpleNamespace(config=config, run_dir=run_dir, hparams=FakeHparams())
@@ -48,8 +72,7 @@ def _drive(tracker, run):
 
 
 def test_numeric_items_and_flatten():
-    assert numeric_items(RECORDS[0], skip=("round",)) == {
-        "train_loss": 2.0, "bytes_up": 1000.0, "round_time_s": 0.5}
+    assert numeric_items(RECORDS[0], skip=("round",)) == {"train_loss": 2.0, "bytes_up": 1000.0, "round_time_s": 0.5}
     assert "diverged" not in numeric_items(RECORDS[1])
     params = flatten({"a": {"b": 1, "c": None}, "d": (1, "x")})
     assert params == {"a.b": 1, "a.c": "None", "d": '[1, "x"]'}
@@ -60,8 +83,7 @@ def test_make_trackers_errors(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="choose from tensorboard, mlflow"):
         make_trackers(["wandb"], run)
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "mlflow" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
     with pytest.raises(ConfigError, match=r'pip install "pflbench\[mlflow\]"'):
         make_trackers(["mlflow"], run)
     assert make_trackers([], run) == []
@@ -88,9 +110,11 @@ def test_tensorboard_tracker_reads_back(tmp_path):
     assert "summary/peak_mem_mb" not in scalars and "summary/algo" not in scalars
 
     content = events.PluginTagToContent("hparams")
-    start = next(plugin_data_pb2.HParamsPluginData.FromString(v).session_start_info
-                 for v in content.values()
-                 if plugin_data_pb2.HParamsPluginData.FromString(v).HasField("session_start_info"))
+    start = next(
+        plugin_data_pb2.HParamsPluginData.FromString(v).session_start_info
+        for v in content.values()
+        if plugin_data_pb2.HParamsPluginData.FromString(v).HasField("session_start_info")
+    )
     hparams = start.hparams
     assert hparams["algo"].string_value == "fedprox"
     assert hparams["lr"].number_value == 0.05

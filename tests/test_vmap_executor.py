@@ -1,5 +1,6 @@
 """``--executor vmap``: the same numbers as ``sequential`` (to floating-point tolerance) for every
 algorithm it hosts, and a one-line ConfigError at prepare time for what it cannot host."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,8 +18,17 @@ from pflbench.engine.vmap_optim import FunctionalOptimizer
 from pflbench.runner import prepare, run_experiment
 
 # batch 16 on ~40-sample clients: full, short and merged batches, unequal step counts
-BASE = RunConfig(dataset="digits", model="mlp", num_clients=4, rounds=1, alpha=0.3, batch_size=16,
-                 lr=0.05, backbone="random", lora_targets="fc1,fc2")
+BASE = RunConfig(
+    dataset="digits",
+    model="mlp",
+    num_clients=4,
+    rounds=1,
+    alpha=0.3,
+    batch_size=16,
+    lr=0.05,
+    backbone="random",
+    lora_targets="fc1,fc2",
+)
 
 
 def rounds(config: RunConfig, algo_options: dict | None = None) -> list[dict]:
@@ -68,12 +78,15 @@ class CustomLoopAlgorithm(FedAvg):
     program_class = CustomLoop
 
 
-@pytest.mark.parametrize("settings, reason", [
-    ({"algo": "test_vmap_custom_loop"}, "overrides local_update"),
-    ({"model": "cnn_bn"}, "BatchNorm"),
-    ({"model": "char_lstm", "dataset": "synthetic", "dataset_option": ("num_samples=200",)}, None),
-    ({"algo": "flexlora", "lora_rank": 2}, "cannot be stacked"),
-])
+@pytest.mark.parametrize(
+    "settings, reason",
+    [
+        ({"algo": "test_vmap_custom_loop"}, "overrides local_update"),
+        ({"model": "cnn_bn"}, "BatchNorm"),
+        ({"model": "char_lstm", "dataset": "synthetic", "dataset_option": ("num_samples=200",)}, None),
+        ({"algo": "flexlora", "lora_rank": 2}, "cannot be stacked"),
+    ],
+)
 def test_vmap_refuses_what_it_cannot_host_at_prepare(settings: dict, reason: str | None, tmp_path) -> None:
     config = dataclasses.replace(BASE, executor="vmap", out=str(tmp_path), **settings)
     with pytest.raises(ConfigError) as error:

@@ -25,6 +25,7 @@ State: shared = w (sent down and uploaded, counted in bytes); private, never sen
 v̄_k = α_k·v_k + (1 − α_k)·w with the current global w; global_acc uses w. Buffers (e.g. BatchNorm
 statistics) are those of w.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,8 +44,9 @@ def apfl_mixture(local: Tensors, shared: Tensors, alpha: torch.Tensor | float) -
     return {n: alpha * local[n] + (1 - alpha) * shared[n] for n in local}
 
 
-def apfl_gradients(mixture_gradient: Tensors, local: Tensors, shared: Tensors,
-                   alpha: torch.Tensor | float) -> tuple[Tensors, torch.Tensor]:
+def apfl_gradients(
+    mixture_gradient: Tensors, local: Tensors, shared: Tensors, alpha: torch.Tensor | float
+) -> tuple[Tensors, torch.Tensor]:
     """From g = ∇f(v̄): (∇_v f(v̄) = α·g per tensor, ∇_α f(v̄) = Σ_tensors ⟨v − w, g⟩)."""
     local_gradient = {n: alpha * g for n, g in mixture_gradient.items()}
     alpha_gradient = sum(((local[n] - shared[n]) * g).sum() for n, g in mixture_gradient.items())
@@ -53,8 +55,9 @@ def apfl_gradients(mixture_gradient: Tensors, local: Tensors, shared: Tensors,
 
 @dataclass(frozen=True)
 class APFLHyperparameters:
-    alpha_init: float = option(0.5, "Initial mixing weight α of every client (the authors' code "
-                               "default; v̄ = α·v + (1 − α)·w).")
+    alpha_init: float = option(
+        0.5, "Initial mixing weight α of every client (the authors' code default; v̄ = α·v + (1 − α)·w)."
+    )
     alpha_lr: float | None = option(None, "Step size of α's SGD update [default: --lr].")
     adaptive_alpha: bool = option(True, "Learn α per client (off: α stays at --alpha-init).")
 
@@ -122,7 +125,7 @@ class APFL(Algorithm[APFLHyperparameters]):
     def personal_model(self, client_id: int) -> Tensors:
         private = self.store.get(client_id)
         model = self.model_state(self.program.assemble(self.broadcast(client_id), private))
-        local = {n[len(LOCAL):]: t for n, t in private.items() if n.startswith(LOCAL)}
+        local = {n[len(LOCAL) :]: t for n, t in private.items() if n.startswith(LOCAL)}
         model.update(apfl_mixture(local, model, private[ALPHA]))
         return model
 

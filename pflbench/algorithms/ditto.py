@@ -20,6 +20,7 @@ State: shared = the global model w (sent down and uploaded: bytes_down/bytes_up 
 private, never sent = the personal model v_k (``ditto.v.<name>``, one full model state per client,
 initialised to the initial model w⁰). Evaluation: pers_acc uses v_k; global_acc uses w.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,24 +28,26 @@ from dataclasses import dataclass
 import torch
 
 from pflbench import Algorithm, ClientProgram, ConfigError, Tensors, option, register_algorithm
-from pflbench.engine import (LocalResult, LocalTrainer, apply_gradients, mean_terms,
-                             standard_local_update)
+from pflbench.engine import LocalResult, LocalTrainer, apply_gradients, mean_terms, standard_local_update
 
 PERSONAL = "ditto.v."
 
 
-def ditto_personal_gradient(task_gradient: Tensors, personal: Tensors, anchor: Tensors,
-                            lam: float) -> Tensors:
+def ditto_personal_gradient(task_gradient: Tensors, personal: Tensors, anchor: Tensors, lam: float) -> Tensors:
     """∇_v [f(v) + (λ/2)·‖v − w^t‖²] = ∇f(v) + λ·(v − w^t), per tensor."""
     return {n: task_gradient[n] + lam * (personal[n] - anchor[n]) for n in task_gradient}
 
 
 @dataclass(frozen=True)
 class DittoHyperparameters:
-    lam: float = option(0.1, "λ of the proximal term (λ/2)·‖personal − global‖² (Ditto: personal "
-                        "model v vs the received w; pFedMe: Moreau envelope θ vs w).")
-    personal_epochs: int | None = option(None, "Epochs of the personal model per round "
-                                         "[default: --local-epochs, as in the paper].")
+    lam: float = option(
+        0.1,
+        "λ of the proximal term (λ/2)·‖personal − global‖² (Ditto: personal "
+        "model v vs the received w; pFedMe: Moreau envelope θ vs w).",
+    )
+    personal_epochs: int | None = option(
+        None, "Epochs of the personal model per round [default: --local-epochs, as in the paper]."
+    )
 
     def validate(self) -> None:
         if not self.lam >= 0:
@@ -61,8 +64,7 @@ class DittoProgram(ClientProgram[DittoHyperparameters]):
         upload = self.upload(trainer.state, job.received)
         names = [n for n in self.layout.trainable]
         personal = {n: job.private[PERSONAL + n].clone() for n in names}
-        personal_buffers = {n: job.private[PERSONAL + n] for n in self.layout.shared
-                            if n not in personal}
+        personal_buffers = {n: job.private[PERSONAL + n] for n in self.layout.shared if n not in personal}
         trainer.load(personal_buffers)  # v's own buffers (e.g. BatchNorm statistics) while it trains
         leaves = {n: t.requires_grad_(True) for n, t in personal.items()}
         spec = self.optimizer()
@@ -102,5 +104,5 @@ class Ditto(Algorithm[DittoHyperparameters]):
     def personal_model(self, client_id: int) -> Tensors:
         state = self.store.get(client_id)
         model = self.model_state(self.program.assemble(self.broadcast(client_id), state))
-        model.update({n[len(PERSONAL):]: t for n, t in state.items() if n.startswith(PERSONAL)})
+        model.update({n[len(PERSONAL) :]: t for n, t in state.items() if n.startswith(PERSONAL)})
         return model

@@ -32,6 +32,7 @@ and never counted: the client's local model θ_l (``fedala.local.<name>``) and W
 so the evaluation uses the W of its last round); a client that never trained evaluates θ_g.
 The global model is the FedAvg average.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,8 +42,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pflbench import (Algorithm, ClientProgram, ConfigError, LocalResult, Tensors, option,
-                      register_algorithm)
+from pflbench import Algorithm, ClientProgram, ConfigError, LocalResult, Tensors, option, register_algorithm
 from pflbench.engine import standard_local_update
 from pflbench.models import layer_order
 from pflbench.seeding import derive_seed
@@ -57,8 +57,9 @@ def ala_combine(local: torch.Tensor, received: torch.Tensor, weight: torch.Tenso
     return local + (received - local) * weight
 
 
-def ala_weight_step(weight: torch.Tensor, gradient: torch.Tensor, local: torch.Tensor,
-                    received: torch.Tensor, eta: float) -> torch.Tensor:
+def ala_weight_step(
+    weight: torch.Tensor, gradient: torch.Tensor, local: torch.Tensor, received: torch.Tensor, eta: float
+) -> torch.Tensor:
     """W ← clip(W − η·∇_θ̂L ⊙ (θ_g − θ_l), 0, 1) (the chain rule through ``ala_combine``)."""
     return (weight - eta * gradient * (received - local)).clamp(0, 1)
 
@@ -87,15 +88,17 @@ def sample_batches(sample: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
 @dataclass(frozen=True)
 class FedALAHyperparameters:
     eta: float = option(1.0, "Learning rate η of the ALA weights W (the paper's 1.0).")
-    rand_percent: float = option(80.0, "s: percent of the client's train data sampled to learn W "
-                                 "(the paper's 80).")
-    layer_idx: int = option(1, "p: number of top layers aggregated element-wise by ALA; lower "
-                            "layers take the global model (the paper's 1).")
-    threshold: float = option(0.1, "W converges at a client's first ALA when the std of the last "
-                              "--num-pre-loss epoch losses is below this (authors' code: 0.1).")
+    rand_percent: float = option(80.0, "s: percent of the client's train data sampled to learn W (the paper's 80).")
+    layer_idx: int = option(
+        1, "p: number of top layers aggregated element-wise by ALA; lower layers take the global model (the paper's 1)."
+    )
+    threshold: float = option(
+        0.1,
+        "W converges at a client's first ALA when the std of the last "
+        "--num-pre-loss epoch losses is below this (authors' code: 0.1).",
+    )
     num_pre_loss: int = option(10, "Number of epoch losses in the convergence test (authors' code: 10).")
-    ala_max_epochs: int = option(100, "Cap on the epochs of the first W learning (a safety bound, "
-                                 "not in the paper).")
+    ala_max_epochs: int = option(100, "Cap on the epochs of the first W learning (a safety bound, not in the paper).")
 
     def validate(self) -> None:
         if not self.eta > 0:
@@ -184,11 +187,11 @@ class FedALA(Algorithm[FedALAHyperparameters]):
         """``ala``: the trainable parameters of the top ``--layer-idx`` layers."""
         order = layer_order(self.model)
         if self.hparams.layer_idx > len(order):
-            raise ConfigError(f"--layer-idx {self.hparams.layer_idx} exceeds this model's "
-                              f"{len(order)} layers ({', '.join(order)})")
-        prefixes = tuple(f"{name}." for name in order[-self.hparams.layer_idx:])
-        return {"ala": tuple(n for n, p in self.model.named_parameters()
-                             if p.requires_grad and n.startswith(prefixes))}
+            raise ConfigError(
+                f"--layer-idx {self.hparams.layer_idx} exceeds this model's {len(order)} layers ({', '.join(order)})"
+            )
+        prefixes = tuple(f"{name}." for name in order[-self.hparams.layer_idx :])
+        return {"ala": tuple(n for n, p in self.model.named_parameters() if p.requires_grad and n.startswith(prefixes))}
 
     def personal_model(self, client_id: int) -> Tensors:
         """The ALA aggregate θ̂ of the current global model with the client's θ_l and last W."""

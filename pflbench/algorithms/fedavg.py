@@ -4,6 +4,7 @@ Decentralized Data", AISTATS 2017 (arXiv:1602.05629).
 Clients start from the global weights w, train every trainable parameter and upload it;
 the server sets w ← Σ_k n_k·w_k / Σ_k n_k. All of this is the engine's default behaviour.
 """
+
 from __future__ import annotations
 
 from pflbench import Algorithm, register_algorithm

@@ -19,22 +19,26 @@ State: shared = the body (sent down and uploaded, counted in bytes). The head ne
 the same on every client (all build it from the run's common initialisation), so it never travels
 and nothing is stored per client: each client's model is the received body + the initial head.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pflbench import (Algorithm, ClientProgram, ConfigError, LocalPhase, Tensors, option,
-                      register_algorithm)
+from pflbench import Algorithm, ClientProgram, ConfigError, LocalPhase, Tensors, option, register_algorithm
 from pflbench.engine import FineTuneProgram
 from pflbench.models import head_parameter_names
 
 
 @dataclass(frozen=True)
 class FedBABUHyperparameters:
-    ft_epochs: int = option(5, "Fine-tuning epochs of each client at evaluation (0 = evaluate the "
-                            "global model as it is).")
-    ft_part: str = option("full", "What the evaluation fine-tunes: full (body and head, as in the "
-                          "paper) or head.", choices=("full", "head"))
+    ft_epochs: int = option(
+        5, "Fine-tuning epochs of each client at evaluation (0 = evaluate the global model as it is)."
+    )
+    ft_part: str = option(
+        "full",
+        "What the evaluation fine-tunes: full (body and head, as in the paper) or head.",
+        choices=("full", "head"),
+    )
 
     def validate(self) -> None:
         if self.ft_epochs < 0:
@@ -72,6 +76,9 @@ class FedBABU(Algorithm[FedBABUHyperparameters]):
         if self.hparams.ft_epochs == 0:
             return None
         trainable = self.layout.trainable
-        tuned = trainable if self.hparams.ft_part == "full" else \
-            tuple(n for n in trainable if n not in set(self.layout.shared))
+        tuned = (
+            trainable
+            if self.hparams.ft_part == "full"
+            else tuple(n for n in trainable if n not in set(self.layout.shared))
+        )
         return FineTuneProgram(trainable, self.config.local_spec, self.hparams.ft_epochs, frozenset(tuned))

@@ -16,6 +16,7 @@ global model (a model without its BN statistics has no accuracy of its own), so 
 null. A model without BatchNorm layers is refused (ConfigError): FedBN on it would silently be
 FedAvg. Use ``--model cnn_bn`` (or a timm model with BN, e.g. resnet18).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -39,8 +40,10 @@ def batchnorm_state_names(model: nn.Module) -> set[str]:
 def require_batchnorm(model: nn.Module) -> set[str]:
     names = batchnorm_state_names(model)
     if not names:
-        raise ConfigError("fedbn keeps the BatchNorm layers local, but this model has none (FedBN "
-                          "would silently be FedAvg); use a model with BatchNorm, e.g. --model cnn_bn")
+        raise ConfigError(
+            "fedbn keeps the BatchNorm layers local, but this model has none (FedBN "
+            "would silently be FedAvg); use a model with BatchNorm, e.g. --model cnn_bn"
+        )
     return names
 
 

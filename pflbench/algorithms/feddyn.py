@@ -24,6 +24,7 @@ State and bytes: θ travels down and θ_k up (counted; nothing else travels). Ea
 (``feddyn.grad.<param>``); h lives on the server. Evaluation: the server model θ^t on every
 client (FedDyn has no personal model).
 """
+
 from __future__ import annotations
 
 import copy
@@ -31,8 +32,18 @@ from dataclasses import dataclass
 
 import torch
 
-from pflbench import (Algorithm, ClientProgram, ClientUpdate, ConfigError, LocalResult, RunConfig,
-                      Tensors, option, register_algorithm, weighted_average)
+from pflbench import (
+    Algorithm,
+    ClientProgram,
+    ClientUpdate,
+    ConfigError,
+    LocalResult,
+    RunConfig,
+    Tensors,
+    option,
+    register_algorithm,
+    weighted_average,
+)
 from pflbench.engine import standard_local_update
 
 LINEAR = "feddyn.grad."  # ∇L_k(θ_k^{t−1}), private
@@ -48,14 +59,16 @@ def dynamic_term(params: Tensors, anchor: Tensors, alpha: float) -> torch.Tensor
     return 0.5 * alpha * sum((params[n] - anchor[n]).pow(2).sum() for n in anchor)
 
 
-def linear_state_update(gradient: torch.Tensor, local: torch.Tensor, server: torch.Tensor,
-                        alpha: float) -> torch.Tensor:
+def linear_state_update(
+    gradient: torch.Tensor, local: torch.Tensor, server: torch.Tensor, alpha: float
+) -> torch.Tensor:
     """∇L_k ← ∇L_k − α·(θ_k^t − θ^{t−1})."""
     return gradient - alpha * (local - server)
 
 
-def server_update(h: Tensors, previous: Tensors, client_models: list[Tensors], alpha: float,
-                  num_clients: int) -> tuple[Tensors, Tensors]:
+def server_update(
+    h: Tensors, previous: Tensors, client_models: list[Tensors], alpha: float, num_clients: int
+) -> tuple[Tensors, Tensors]:
     """(h^t, θ^t): h − α·(1/m)·Σ_k (θ_k − θ^{t−1}) and mean_k θ_k − h^t/α."""
     sampled = len(client_models)
     mean = weighted_average(client_models, [1 / sampled] * sampled)
@@ -65,8 +78,9 @@ def server_update(h: Tensors, previous: Tensors, client_models: list[Tensors], a
 
 @dataclass(frozen=True)
 class FedDynHyperparameters:
-    feddyn_alpha: float = option(0.01, "FedDyn's α: weight of the dynamic regulariser (the paper "
-                                 "searches 0.1, 0.01, 0.001).")
+    feddyn_alpha: float = option(
+        0.01, "FedDyn's α: weight of the dynamic regulariser (the paper searches 0.1, 0.01, 0.001)."
+    )
 
     def validate(self) -> None:
         if not self.feddyn_alpha > 0:
@@ -95,9 +109,14 @@ class FedDynProgram(ClientProgram[FedDynHyperparameters]):
         result = standard_local_update(job_program, trainer)
         state = trainer.state
         result.private = {n: state[n].detach().clone() for n in self.layout.private}
-        result.private.update({LINEAR + n: linear_state_update(private[LINEAR + n], state[n].detach(),
-                                                              received[n], self.hparams.feddyn_alpha)
-                               for n in names})
+        result.private.update(
+            {
+                LINEAR + n: linear_state_update(
+                    private[LINEAR + n], state[n].detach(), received[n], self.hparams.feddyn_alpha
+                )
+                for n in names
+            }
+        )
         return result
 
 
@@ -128,12 +147,19 @@ class FedDyn(Algorithm[FedDynHyperparameters]):
         if not updates:
             return
         names = list(self.h)
-        self.h, model = server_update(self.h, {n: self.global_state[n] for n in names},
-                                      [{n: u.params[n] for n in names} for u in updates],
-                                      self.hparams.feddyn_alpha, self.config.num_clients)
+        self.h, model = server_update(
+            self.h,
+            {n: self.global_state[n] for n in names},
+            [{n: u.params[n] for n in names} for u in updates],
+            self.hparams.feddyn_alpha,
+            self.config.num_clients,
+        )
         buffers = [n for n in self.layout.shared if n not in self.h]
         if buffers:
-            model.update(weighted_average([{n: u.params[n] for n in buffers} for u in updates],
-                                          [1 / len(updates)] * len(updates)))
+            model.update(
+                weighted_average(
+                    [{n: u.params[n] for n in buffers} for u in updates], [1 / len(updates)] * len(updates)
+                )
+            )
         for n, value in model.items():
             self.global_state[n].copy_(value)

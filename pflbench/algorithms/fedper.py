@@ -5,6 +5,7 @@ The model is split into a shared body and a private head (the last ``--head-laye
 layers, as the model declares them). Clients train body and head jointly; only the body is
 uploaded and averaged (sample-weighted); each client keeps its head across rounds.
 """
+
 from __future__ import annotations
 
 from pflbench import Algorithm, register_algorithm

@@ -3,6 +3,7 @@
 
 FedAvg plus the proximal term (μ/2)·‖w_k − w‖² in every local loss; aggregation unchanged.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -6,6 +6,7 @@ the head with the body frozen, then ``--local-epochs`` epochs on the body with t
 frozen. Only the body is uploaded. Each phase gets its own optimizer over its own
 parameters, so momentum or weight decay can never move a frozen part.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

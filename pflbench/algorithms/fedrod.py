@@ -23,6 +23,7 @@ State and bytes: body and generic head travel (counted); the P-head is private (
 never counted). No hyperparameters of its own; the head is the model's final layer (it must be an
 ``nn.Linear``), so ``--head-layers`` other than 1 is refused.
 """
+
 from __future__ import annotations
 
 import copy
@@ -32,14 +33,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pflbench import (Algorithm, ClientProgram, ConfigError, LocalResult, RunConfig, Tensors,
-                      register_algorithm)
+from pflbench import Algorithm, ClientProgram, ConfigError, LocalResult, RunConfig, Tensors, register_algorithm
 from pflbench.engine import standard_local_update
 from pflbench.models import head_module_names
 
 
-def balanced_softmax_loss(logits: torch.Tensor, targets: torch.Tensor,
-                          label_counts: torch.Tensor) -> torch.Tensor:
+def balanced_softmax_loss(logits: torch.Tensor, targets: torch.Tensor, label_counts: torch.Tensor) -> torch.Tensor:
     """Mean of −log(n_y·e^{g_y} / Σ_c n_c·e^{g_c}) = CE(g + log n, y) (log 0 = −∞: p = 0)."""
     return F.cross_entropy(logits + label_counts.to(logits.dtype).log(), targets)
 
@@ -51,9 +50,13 @@ class TwoHeads(nn.Module):
     def __init__(self, generic: nn.Linear) -> None:
         super().__init__()
         self.generic = generic
-        self.personal = nn.Linear(generic.in_features, generic.out_features,
-                                  bias=generic.bias is not None, device=generic.weight.device,
-                                  dtype=generic.weight.dtype)
+        self.personal = nn.Linear(
+            generic.in_features,
+            generic.out_features,
+            bias=generic.bias is not None,
+            device=generic.weight.device,
+            dtype=generic.weight.dtype,
+        )
         with torch.no_grad():
             for tensor in self.personal.parameters():
                 tensor.zero_()
@@ -75,15 +78,16 @@ class FedRoDProgram(ClientProgram):
         if heads is None:
             raise ConfigError("fedrod: the model's output is not its final layer's output")
         generic, personal = heads
-        return {"generic_bsm": balanced_softmax_loss(generic, targets, self.label_counts),
-                "personal_ce": F.cross_entropy(generic.detach() + personal, targets)}
+        return {
+            "generic_bsm": balanced_softmax_loss(generic, targets, self.label_counts),
+            "personal_ce": F.cross_entropy(generic.detach() + personal, targets),
+        }
 
     def local_update(self, trainer) -> LocalResult:
         """The engine's batch loop on a per-job copy holding the client's train label counts."""
         data, client = trainer.data, trainer.job.client_id
         job_program = copy.copy(self)
-        job_program.label_counts = torch.bincount(data.labels[data.train_indices[client]],
-                                                  minlength=data.num_classes)
+        job_program.label_counts = torch.bincount(data.labels[data.train_indices[client]], minlength=data.num_classes)
         return standard_local_update(job_program, trainer)
 
 
@@ -98,8 +102,10 @@ class FedRoD(Algorithm):
     @classmethod
     def check_config(cls, config: RunConfig, hparams: Any) -> None:
         if config.head_layers != 1:
-            raise ConfigError(f"fedrod's heads replace the final layer; --head-layers "
-                              f"{config.head_layers} would be ignored (leave it at 1)")
+            raise ConfigError(
+                f"fedrod's heads replace the final layer; --head-layers "
+                f"{config.head_layers} would be ignored (leave it at 1)"
+            )
 
     @classmethod
     def configure_model(cls, model: nn.Module, config: RunConfig, hparams: Any) -> dict[str, Any]:

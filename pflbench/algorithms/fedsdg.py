@@ -11,6 +11,7 @@ Local loss: CE + λ₁·Σ_l |m_l| (or Σ_l min(m_l, 1 − m_l) with ``--gate-pe
 ``--lr-gate``), no weight decay, gradient clipping (``--max-grad-norm``, 1.0 unless set). Server: alignment-weighted aggregation of
 the shared updates (``fedsdg_server_aggregate``), or plain FedAvg with ``--server-agg fedavg``.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,16 +22,28 @@ import numpy as np
 import torch
 from torch import nn
 
-from pflbench import (Algorithm, ClientProgram, ClientUpdate, ConfigError, OptimizerSpec,
-                      ParamGroup, RunConfig, Tensors, option, register_algorithm)
+from pflbench import (
+    Algorithm,
+    ClientProgram,
+    ClientUpdate,
+    ConfigError,
+    OptimizerSpec,
+    ParamGroup,
+    RunConfig,
+    Tensors,
+    option,
+    register_algorithm,
+)
 from pflbench.engine import sample_weights
 from pflbench.lora import DEFAULT_RANK, LoRALinear, apply_lora, lora_layers, parse_targets
+
 PRIVATE_B_INIT_STD = 1e-4  # B_p small and A_p = 0: ΔW_p = 0, ‖θ_p‖² ≈ 0, A_p still gets gradient
 FALLBACK_THRESHOLD = 1e-6
 
 
-def alignment_weights(deltas_dot_mean: torch.Tensor, delta_norms: torch.Tensor,
-                      mean_norm: torch.Tensor, epsilon: float = 1e-8) -> tuple[torch.Tensor, bool]:
+def alignment_weights(
+    deltas_dot_mean: torch.Tensor, delta_norms: torch.Tensor, mean_norm: torch.Tensor, epsilon: float = 1e-8
+) -> tuple[torch.Tensor, bool]:
     """w_k = α_k / (Σ_j α_j + ε), α_k = max(0, ⟨Δ_k, Δ̄⟩ / (‖Δ_k‖·‖Δ̄‖ + ε)); uniform if Σα < 1e-6."""
     scores = (deltas_dot_mean / (delta_norms * mean_norm + epsilon)).clamp_min(0)
     total = scores.sum()
@@ -40,8 +53,9 @@ def alignment_weights(deltas_dot_mean: torch.Tensor, delta_norms: torch.Tensor,
 
 
 @torch.no_grad()
-def fedsdg_server_aggregate(global_params: Tensors, client_params: list[Tensors],
-                            epsilon: float = 1e-8, return_weights: bool = True):
+def fedsdg_server_aggregate(
+    global_params: Tensors, client_params: list[Tensors], epsilon: float = 1e-8, return_weights: bool = True
+):
     """θ ← θ + Σ_k w_k Δ_k over the flattened shared vector, Δ_k = θ_k − θ (seed 001, SPEC §4).
 
     Streams over the clients (no M × d matrix): Δ̄ = mean_k θ_k − θ; then per client ⟨Δ_k, Δ̄⟩
@@ -52,8 +66,9 @@ def fedsdg_server_aggregate(global_params: Tensors, client_params: list[Tensors]
     return (result, weights) if return_weights else result
 
 
-def _aggregate(global_params: Tensors, client_params: list[Tensors],
-               epsilon: float) -> tuple[Tensors, list[float], bool]:
+def _aggregate(
+    global_params: Tensors, client_params: list[Tensors], epsilon: float
+) -> tuple[Tensors, list[float], bool]:
     names = list(global_params)
     if not client_params:
         return {n: global_params[n].clone() for n in names}, [], False
@@ -85,10 +100,14 @@ def weight_statistics(weights: list[float]) -> dict[str, float]:
     """Mean, std, min, max, number of (near-)zero weights and entropy −Σ w log w."""
     w = np.asarray(weights, dtype=float)
     positive = w[w > 0]
-    return {"agg_weight_mean": float(w.mean()), "agg_weight_std": float(w.std()),
-            "agg_weight_min": float(w.min()), "agg_weight_max": float(w.max()),
-            "agg_weight_zeros": int((w < FALLBACK_THRESHOLD).sum()),
-            "agg_weight_entropy": float(-(positive * np.log(positive)).sum())}
+    return {
+        "agg_weight_mean": float(w.mean()),
+        "agg_weight_std": float(w.std()),
+        "agg_weight_min": float(w.min()),
+        "agg_weight_max": float(w.max()),
+        "agg_weight_zeros": int((w < FALLBACK_THRESHOLD).sum()),
+        "agg_weight_entropy": float(-(positive * np.log(positive)).sum()),
+    }
 
 
 class BlockGate(nn.Module):
@@ -115,12 +134,14 @@ class GatedLoRALinear(LoRALinear):
         return self.gate()
 
     def adapter(self, x: torch.Tensor) -> torch.Tensor:
-        return (self.branch(x, self.lora_A, self.lora_B)
-                + self.gate_value() * self.branch(x, self.lora_A_private, self.lora_B_private))
+        return self.branch(x, self.lora_A, self.lora_B) + self.gate_value() * self.branch(
+            x, self.lora_A_private, self.lora_B_private
+        )
 
     def delta_weight(self) -> torch.Tensor:
-        return (self.branch_delta(self.lora_A, self.lora_B)
-                + self.gate_value() * self.branch_delta(self.lora_A_private, self.lora_B_private))
+        return self.branch_delta(self.lora_A, self.lora_B) + self.gate_value() * self.branch_delta(
+            self.lora_A_private, self.lora_B_private
+        )
 
 
 def attach_gates(model: nn.Module) -> list[str]:
@@ -151,12 +172,16 @@ def attach_gates(model: nn.Module) -> list[str]:
 class FedSDGHyperparameters:
     lambda1: float = option(1e-3, "λ₁: weight of the gate penalty Σ_l |m_l| (or bilateral).")
     lambda2: float = option(1e-4, "λ₂: weight of ‖θ_p‖², on private LoRA parameters only.")
-    gate_penalty: str = option("l1", "Gate penalty: l1 = Σ|m|, bilateral = Σ min(m, 1 − m).",
-                               choices=("l1", "bilateral"))
+    gate_penalty: str = option(
+        "l1", "Gate penalty: l1 = Σ|m|, bilateral = Σ min(m, 1 − m).", choices=("l1", "bilateral")
+    )
     lr_private: float = option(1e-3, "Adam learning rate of the private LoRA branch (η_p).")
     lr_gate: float = option(1e-2, "Adam learning rate of the gate logits (η_m).")
-    server_agg: str = option("alignment", "Server rule: alignment-weighted (FedSDG) or fedavg "
-                             "(sample-weighted, for ablations).", choices=("alignment", "fedavg"))
+    server_agg: str = option(
+        "alignment",
+        "Server rule: alignment-weighted (FedSDG) or fedavg (sample-weighted, for ablations).",
+        choices=("alignment", "fedavg"),
+    )
     agg_epsilon: float = option(1e-8, "ε of the alignment weights.")
 
     def validate(self) -> None:
@@ -194,11 +219,18 @@ class FedSDGProgram(ClientProgram[FedSDGHyperparameters]):
     def optimizer(self) -> OptimizerSpec:
         """Adam (0.9, 0.999), no weight decay; groups: shared (--lr), private, gates."""
         groups = self.layout.groups
-        return OptimizerSpec(kind="adam", lr=self.local.lr, betas=(0.9, 0.999), weight_decay=0.0,
-                             groups=(ParamGroup(frozenset(self.layout.shared), self.local.lr),
-                                     ParamGroup(frozenset(groups["private_lora"]), self.hparams.lr_private),
-                                     ParamGroup(frozenset(groups["gates"]), self.hparams.lr_gate)),
-                             max_grad_norm=self.max_grad_norm)
+        return OptimizerSpec(
+            kind="adam",
+            lr=self.local.lr,
+            betas=(0.9, 0.999),
+            weight_decay=0.0,
+            groups=(
+                ParamGroup(frozenset(self.layout.shared), self.local.lr),
+                ParamGroup(frozenset(groups["private_lora"]), self.hparams.lr_private),
+                ParamGroup(frozenset(groups["gates"]), self.hparams.lr_gate),
+            ),
+            max_grad_norm=self.max_grad_norm,
+        )
 
 
 @register_algorithm("fedsdg")
@@ -222,8 +254,10 @@ class FedSDG(Algorithm[FedSDGHyperparameters]):
     def check_config(cls, config: RunConfig, hparams: FedSDGHyperparameters) -> None:
         """FedSDG's optimizer is fixed by its design (Adam, three groups, no weight decay)."""
         if config.weight_decay:
-            raise ConfigError("fedsdg regularises only the private branch (λ₂, --lambda2); "
-                              f"--weight-decay must be 0, got {config.weight_decay}")
+            raise ConfigError(
+                "fedsdg regularises only the private branch (λ₂, --lambda2); "
+                f"--weight-decay must be 0, got {config.weight_decay}"
+            )
         if config.optimizer != "adam":
             raise ConfigError(f"fedsdg always uses Adam; --optimizer {config.optimizer} would be ignored")
         if config.momentum:
@@ -233,21 +267,29 @@ class FedSDG(Algorithm[FedSDGHyperparameters]):
     def configure_model(cls, model: nn.Module, config: RunConfig, hparams: FedSDGHyperparameters) -> dict[str, Any]:
         """LoRA with gated private pairs on every target, one gate per transformer block."""
         rank = cls.lora_rank(config, hparams)
-        adapted = apply_lora(model, rank, config.lora_alpha, parse_targets(config.lora_targets),
-                             GatedLoRALinear, head_layers=config.head_layers)
+        adapted = apply_lora(
+            model,
+            rank,
+            config.lora_alpha,
+            parse_targets(config.lora_targets),
+            GatedLoRALinear,
+            head_layers=config.head_layers,
+        )
         attach_gates(model)
         return {"lora": {"rank": rank, "alpha": config.lora_alpha, "adapted_layers": adapted}}
 
     checkpoint_attributes = ("fallbacks", "_last_weights")
 
-    def __init__(self, config: RunConfig, hparams: FedSDGHyperparameters, model: nn.Module,
-                 num_train: list[int]) -> None:
+    def __init__(
+        self, config: RunConfig, hparams: FedSDGHyperparameters, model: nn.Module, num_train: list[int]
+    ) -> None:
         self.block_names = [name for name, module in model.named_modules() if isinstance(module, BlockGate)]
         if not self.block_names:
             raise ConfigError("fedsdg found no adapted layer; check --lora-targets")
         self.gate_names = [f"{block}.lambda_k_logit" for block in self.block_names]
-        self.private_lora_names = [f"{name}.{suffix}" for name in lora_layers(model)
-                                   for suffix in ("lora_A_private", "lora_B_private")]
+        self.private_lora_names = [
+            f"{name}.{suffix}" for name in lora_layers(model) for suffix in ("lora_A_private", "lora_B_private")
+        ]
         super().__init__(config, hparams, model, num_train)
         self.fallbacks = 0
 
@@ -264,7 +306,8 @@ class FedSDG(Algorithm[FedSDGHyperparameters]):
             self._last_weights = sample_weights(updates)
             return super().aggregate(updates)
         new, self._last_weights, fell_back = _aggregate(
-            self.global_state, [u.params for u in updates], self.hparams.agg_epsilon)
+            self.global_state, [u.params for u in updates], self.hparams.agg_epsilon
+        )
         self.fallbacks += fell_back
         torch._foreach_copy_([self.global_state[n] for n in new], list(new.values()))
 
@@ -280,17 +323,25 @@ class FedSDG(Algorithm[FedSDGHyperparameters]):
 
     def client_gates(self) -> np.ndarray:
         """K × L gate values m = sigmoid(a); never-trained clients keep the initial 0.5."""
-        return np.array([[float(torch.sigmoid(self.store.get(k)[n].detach())) for n in self.gate_names]
-                         for k in range(self.config.num_clients)])
+        return np.array(
+            [
+                [float(torch.sigmoid(self.store.get(k)[n].detach())) for n in self.gate_names]
+                for k in range(self.config.num_clients)
+            ]
+        )
 
     def final_report(self) -> tuple[dict[str, Any], dict[str, list[float]]]:
         gates = self.client_gates()
         trained = [k for k in range(self.config.num_clients) if k in self.store]
         values = gates[trained].ravel() if trained else gates.ravel()
-        summary = {"gate_frac_below_0.1": float((values < 0.1).mean()),
-                   "gate_frac_above_0.9": float((values > 0.9).mean()),
-                   "gate_frac_0.4_to_0.6": float(((values >= 0.4) & (values <= 0.6)).mean()),
-                   "gate_mean": float(values.mean()), "gates_clients_trained": len(trained),
-                   "gate_blocks": self.block_names, "gates": gates.round(6).tolist()}
+        summary = {
+            "gate_frac_below_0.1": float((values < 0.1).mean()),
+            "gate_frac_above_0.9": float((values > 0.9).mean()),
+            "gate_frac_0.4_to_0.6": float(((values >= 0.4) & (values <= 0.6)).mean()),
+            "gate_mean": float(values.mean()),
+            "gates_clients_trained": len(trained),
+            "gate_blocks": self.block_names,
+            "gates": gates.round(6).tolist(),
+        }
         columns = {f"gate_{i}": gates[:, i].tolist() for i in range(len(self.block_names))}
         return summary, columns

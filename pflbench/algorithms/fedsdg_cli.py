@@ -1,9 +1,10 @@
 """FedSDG's own command, ``pflbench gates RUN_DIR``, contributed through the ``pflbench.commands``
 entry point (the core names no plugin). Importing this module does not import torch."""
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import click
 import numpy as np
@@ -11,8 +12,12 @@ import numpy as np
 from pflbench.errors import ConfigError
 
 
-def plot_gate_heatmap(gates: Sequence[Sequence[float]] | np.ndarray, path: str | Path,
-                      block_labels: Sequence[str] | None = None, title: str = "") -> Path:
+def plot_gate_heatmap(
+    gates: Sequence[Sequence[float]] | np.ndarray,
+    path: str | Path,
+    block_labels: Sequence[str] | None = None,
+    title: str = "",
+) -> Path:
     """Client × block heatmap of gate values m ∈ [0, 1] (FedSDG), saved as PNG/PDF by suffix."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -30,8 +35,12 @@ def plot_gate_heatmap(gates: Sequence[Sequence[float]] | np.ndarray, path: str |
     image = axes.imshow(matrix, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, interpolation="nearest")
     axes.set_xlabel("block")
     axes.set_ylabel("client")
-    axes.set_xticks(range(num_blocks), block_labels or [str(i) for i in range(num_blocks)],
-                    rotation=45 if block_labels else 0, fontsize=8)
+    axes.set_xticks(
+        range(num_blocks),
+        block_labels or [str(i) for i in range(num_blocks)],
+        rotation=45 if block_labels else 0,
+        fontsize=8,
+    )
     step = max(1, num_clients // 40)
     axes.set_yticks(range(0, num_clients, step))
     figure.colorbar(image, ax=axes, label="gate m = sigmoid(a)")
@@ -54,9 +63,11 @@ def gates_command(run_dir: str, plot: str | None) -> None:
     if "gates" not in summary:
         raise ConfigError(f"{run_dir} has no gate values (a finished fedsdg run folder has them in summary.json)")
     gates = summary["gates"]
-    click.echo(f"gates < 0.1: {summary['gate_frac_below_0.1']:.1%}   > 0.9: {summary['gate_frac_above_0.9']:.1%}"
-               f"   in [0.4, 0.6]: {summary['gate_frac_0.4_to_0.6']:.1%}   (clients trained: "
-               f"{summary['gates_clients_trained']})")
+    click.echo(
+        f"gates < 0.1: {summary['gate_frac_below_0.1']:.1%}   > 0.9: {summary['gate_frac_above_0.9']:.1%}"
+        f"   in [0.4, 0.6]: {summary['gate_frac_0.4_to_0.6']:.1%}   (clients trained: "
+        f"{summary['gates_clients_trained']})"
+    )
     for client, row in enumerate(gates):
         click.echo(f"{client:>4}  " + " ".join(f"{m:.2f}" for m in row))
     if plot:

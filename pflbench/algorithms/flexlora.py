@@ -14,18 +14,19 @@ components rescaled (``truncate_factors``), so the SVD runs once per layer per r
 model (``global_acc``) is the rank-R approximation. A client's rank is data: the shapes it
 receives; its program zero-pads the factors to R and sets each layer's ``active_rank`` buffer.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from pflbench import (Algorithm, ClientProgram, ClientUpdate, ConfigError, RunConfig, Tensors,
-                      option, register_algorithm)
+from pflbench import Algorithm, ClientProgram, ClientUpdate, ConfigError, RunConfig, Tensors, option, register_algorithm
 from pflbench.engine import sample_weights, weighted_average
 from pflbench.lora import DEFAULT_RANK, lora_layers
 from pflbench.seeding import rng_stream
@@ -34,15 +35,17 @@ RANK_DISTRIBUTIONS = ("homo", "uniform", "heavy-tail")
 HEAVY_TAIL_SMALLEST = 0.8  # share of clients with the smallest rank under heavy-tail
 
 
-def stack_lora_factors(factors: Sequence[tuple[torch.Tensor, torch.Tensor, float]],
-                       weights: Sequence[float]) -> tuple[torch.Tensor, torch.Tensor]:
+def stack_lora_factors(
+    factors: Sequence[tuple[torch.Tensor, torch.Tensor, float]], weights: Sequence[float]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(B̃ [out, k], Ã [k, in]), k = Σ r_k, with B̃·Ã = Σ_k w_k·s_k·B_k·A_k, from (A_k, B_k, s_k)."""
     scaled_B = torch.cat([B * (w * s) for (_, B, s), w in zip(factors, weights)], dim=1)
     return scaled_B, torch.cat([A for A, _, _ in factors], dim=0)
 
 
-def aggregate_lora_deltas(factors: Sequence[tuple[torch.Tensor, torch.Tensor, float]],
-                          weights: Sequence[float]) -> torch.Tensor:
+def aggregate_lora_deltas(
+    factors: Sequence[tuple[torch.Tensor, torch.Tensor, float]], weights: Sequence[float]
+) -> torch.Tensor:
     """ΔW = Σ_k w_k·s_k·B_k·A_k [out, in] from (A_k [r_k, in], B_k [out, r_k], s_k)."""
     scaled_B, stacked_A = stack_lora_factors(factors, weights)
     return scaled_B @ stacked_A
@@ -68,8 +71,9 @@ def delta_svd(scaled_B: torch.Tensor, stacked_A: torch.Tensor, rank: int) -> tup
     return torch.linalg.svd(scaled_B @ stacked_A, full_matrices=False)
 
 
-def factors_from_svd(U: torch.Tensor, S: torch.Tensor, Vh: torch.Tensor, rank: int,
-                     alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
+def factors_from_svd(
+    U: torch.Tensor, S: torch.Tensor, Vh: torch.Tensor, rank: int, alpha: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, A) = (U[:, :r]·diag(S[:r]) / s_r, Vᵀ[:r]) with s_r = α/r, so s_r·B·A = U_r S_r V_rᵀ."""
     return U[:, :rank] * (S[:rank] * (rank / alpha)), Vh[:rank]
 
@@ -99,13 +103,16 @@ def parse_ranks(text: str, flag: str) -> list[int]:
     except ValueError:
         ranks = []
     if not ranks or min(ranks) < 1:
-        raise ConfigError(f"{flag} {text!r} is not comma-separated ranks ≥ 1 (e.g. 4,8,16,32)"
-                          + (f" nor one of {', '.join(RANK_DISTRIBUTIONS)}" if flag == "--rank-dist" else ""))
+        raise ConfigError(
+            f"{flag} {text!r} is not comma-separated ranks ≥ 1 (e.g. 4,8,16,32)"
+            + (f" nor one of {', '.join(RANK_DISTRIBUTIONS)}" if flag == "--rank-dist" else "")
+        )
     return ranks
 
 
-def client_ranks(rank_dist: str, rank_set: Sequence[int], num_clients: int, homo_rank: int,
-                 rng: np.random.Generator) -> list[int]:
+def client_ranks(
+    rank_dist: str, rank_set: Sequence[int], num_clients: int, homo_rank: int, rng: np.random.Generator
+) -> list[int]:
     """r_k per client. homo: all ``homo_rank``; uniform: i.i.d. over ``rank_set``; heavy-tail:
     round(0.8·K) clients get the smallest rank and the rest cycle over the larger ones, in random
     client order; an explicit list "r0,r1,...": client k gets entry k mod its length."""
@@ -125,9 +132,12 @@ def client_ranks(rank_dist: str, rank_set: Sequence[int], num_clients: int, homo
 
 @dataclass(frozen=True)
 class FlexLoRAHyperparameters:
-    rank_dist: str = option("uniform", "Client LoRA ranks: homo (all --lora-rank, default 8), uniform "
-                            "over --rank-set, heavy-tail (80% the smallest rank, the rest spread over "
-                            "the larger ones), or a list r0,r1,... (client k gets entry k mod length).")
+    rank_dist: str = option(
+        "uniform",
+        "Client LoRA ranks: homo (all --lora-rank, default 8), uniform "
+        "over --rank-set, heavy-tail (80% the smallest rank, the rest spread over "
+        "the larger ones), or a list r0,r1,... (client k gets entry k mod length).",
+    )
     rank_set: str = option("4,8,16,32", "Ranks drawn by --rank-dist uniform / heavy-tail.")
 
     def validate(self) -> None:
@@ -139,8 +149,10 @@ class FlexLoRAHyperparameters:
         if self.rank_dist == "homo":
             return [lora_rank or DEFAULT_RANK]
         if lora_rank is not None:
-            raise ConfigError(f"--lora-rank is the rank of --rank-dist homo; with --rank-dist "
-                              f"{self.rank_dist} the ranks come from --rank-set / the list")
+            raise ConfigError(
+                f"--lora-rank is the rank of --rank-dist homo; with --rank-dist "
+                f"{self.rank_dist} the ranks come from --rank-set / the list"
+            )
         if self.rank_dist in RANK_DISTRIBUTIONS:
             return parse_ranks(self.rank_set, "--rank-set")
         return parse_ranks(self.rank_dist, "--rank-dist")
@@ -166,8 +178,10 @@ class FlexLoRAProgram(ClientProgram[FlexLoRAHyperparameters]):
 
     def upload(self, state: Tensors, received: Tensors) -> Tensors:
         """Only the client's own rank: each tensor cut to the shape it received (A[:r], B[:, :r])."""
-        return {name: state[name][tuple(slice(0, n) for n in received[name].shape)].detach().clone()
-                for name in self.layout.shared}
+        return {
+            name: state[name][tuple(slice(0, n) for n in received[name].shape)].detach().clone()
+            for name in self.layout.shared
+        }
 
 
 @register_algorithm("flexlora")
@@ -189,17 +203,24 @@ class FlexLoRA(Algorithm[FlexLoRAHyperparameters]):
         if hparams.rank_dist not in RANK_DISTRIBUTIONS:
             listed = parse_ranks(hparams.rank_dist, "--rank-dist")
             if len(listed) > config.num_clients:
-                raise ConfigError(f"--rank-dist lists {len(listed)} ranks for {config.num_clients} "
-                                  "clients; give at most one rank per client")
+                raise ConfigError(
+                    f"--rank-dist lists {len(listed)} ranks for {config.num_clients} "
+                    "clients; give at most one rank per client"
+                )
 
-    def __init__(self, config: RunConfig, hparams: FlexLoRAHyperparameters, model: nn.Module,
-                 num_train: list[int]) -> None:
+    def __init__(
+        self, config: RunConfig, hparams: FlexLoRAHyperparameters, model: nn.Module, num_train: list[int]
+    ) -> None:
         self.layers = list(lora_layers(model))
         self.max_rank = self.lora_rank(config, hparams)
         super().__init__(config, hparams, model, num_train)
-        self.ranks = client_ranks(hparams.rank_dist, hparams.possible_ranks(config.lora_rank),
-                                  config.num_clients, config.lora_rank or DEFAULT_RANK,
-                                  rng_stream(config.seed, "ranks"))
+        self.ranks = client_ranks(
+            hparams.rank_dist,
+            hparams.possible_ranks(config.lora_rank),
+            config.num_clients,
+            config.lora_rank or DEFAULT_RANK,
+            rng_stream(config.seed, "ranks"),
+        )
         factors = {f"{name}.lora_{part}" for name in self.layers for part in "AB"}
         self.head_names = [n for n in self.layout.shared if n not in factors]
         self.diagnostics: dict[str, Any] = {}
@@ -231,15 +252,19 @@ class FlexLoRA(Algorithm[FlexLoRAHyperparameters]):
         started = time.perf_counter()
         alpha, energy = self.config.lora_alpha, {r: [] for r in sorted(set(self.ranks))}
         for name in self.layers:
-            factors = [(u.params[f"{name}.lora_A"], u.params[f"{name}.lora_B"],
-                        alpha / u.params[f"{name}.lora_A"].shape[0]) for u in updates]
+            factors = [
+                (u.params[f"{name}.lora_A"], u.params[f"{name}.lora_B"], alpha / u.params[f"{name}.lora_A"].shape[0])
+                for u in updates
+            ]
             U, S, Vh = delta_svd(*stack_lora_factors(factors, weights), self.max_rank)
             new[f"{name}.lora_B"], new[f"{name}.lora_A"] = factors_from_svd(U, S, Vh, self.max_rank, alpha)
             for rank, kept in energy.items():
                 kept.append(spectral_energy_kept(S, rank))
         torch._foreach_copy_([self.global_state[n] for n in new], list(new.values()))
-        self.diagnostics = {"server_svd_time_s": time.perf_counter() - started,
-                            **{f"energy_kept_r{r}": float(np.mean(v)) for r, v in energy.items()}}
+        self.diagnostics = {
+            "server_svd_time_s": time.perf_counter() - started,
+            **{f"energy_kept_r{r}": float(np.mean(v)) for r, v in energy.items()},
+        }
 
     def round_diagnostics(self, updates: list[ClientUpdate]) -> dict[str, Any]:
         return {"ranks": [self.ranks[u.client_id] for u in updates], **self.diagnostics}

@@ -12,6 +12,7 @@ each client across rounds (all clients start from the same initial body; the pap
 initialises them from a FedAvg-pretrained model, not done here). Evaluation: own body + current
 global head. A head without a body has no accuracy of its own: no global model.
 """
+
 from __future__ import annotations
 
 from pflbench import Algorithm, register_algorithm

@@ -2,6 +2,7 @@
 
 The lower bound personalized methods must beat (often strong under heavy label skew).
 """
+
 from __future__ import annotations
 
 from pflbench import Algorithm, register_algorithm

@@ -23,6 +23,7 @@ ClientStateStore (``moon.prev.<name>``); a client with no previous model yet (it
 uses the received global model, so ℓ_con = log 2 with zero gradient. Evaluation: the global
 model on every client (MOON's paper evaluates the global model).
 """
+
 from __future__ import annotations
 
 import copy
@@ -33,16 +34,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pflbench import (Algorithm, ClientProgram, ConfigError, LocalResult, RunConfig, Tensors, option,
-                      register_algorithm)
+from pflbench import Algorithm, ClientProgram, ConfigError, LocalResult, RunConfig, Tensors, option, register_algorithm
 from pflbench.engine import standard_local_update
 from pflbench.models import head_module_names
 
 PREVIOUS = "moon.prev."  # the client's last local model, private
 
 
-def contrastive_loss(z: torch.Tensor, z_global: torch.Tensor, z_previous: torch.Tensor,
-                     temperature: float) -> torch.Tensor:
+def contrastive_loss(
+    z: torch.Tensor, z_global: torch.Tensor, z_previous: torch.Tensor, temperature: float
+) -> torch.Tensor:
     """Mean over the batch of −log(e^{s_g/τ} / (e^{s_g/τ} + e^{s_p/τ})), s = cosine similarity
     of the flattened representations."""
     positive = F.cosine_similarity(z.flatten(1), z_global.flatten(1), dim=1) / temperature
@@ -52,8 +53,9 @@ def contrastive_loss(z: torch.Tensor, z_global: torch.Tensor, z_previous: torch.
 
 @dataclass(frozen=True)
 class MoonHyperparameters:
-    mu: float = option(1.0, "Weight μ of the model-contrastive loss (the paper: 1 on CIFAR-100 and "
-                       "Tiny-ImageNet, 5 on CIFAR-10).")
+    mu: float = option(
+        1.0, "Weight μ of the model-contrastive loss (the paper: 1 on CIFAR-100 and Tiny-ImageNet, 5 on CIFAR-10)."
+    )
     temperature: float = option(0.5, "Temperature τ of the model-contrastive loss (the paper's 0.5).")
 
     def validate(self) -> None:
@@ -87,8 +89,10 @@ class MoonProgram(ClientProgram[MoonHyperparameters]):
         with torch.no_grad():
             _, z_global = self.representation(forward, global_model, inputs)
             _, z_previous = self.representation(forward, previous_model, inputs)
-        return {"task": F.cross_entropy(logits, targets),
-                "contrastive": contrastive_loss(z, z_global, z_previous, self.hparams.temperature)}
+        return {
+            "task": F.cross_entropy(logits, targets),
+            "contrastive": contrastive_loss(z, z_global, z_previous, self.hparams.temperature),
+        }
 
     def local_update(self, trainer) -> LocalResult:
         """The engine's batch loop on a per-job copy that sees the classifier's input (a forward
@@ -127,8 +131,7 @@ class Moon(Algorithm[MoonHyperparameters]):
     program_class = MoonProgram
     personal_model_is_received = True  # the previous local model only shapes training
 
-    def __init__(self, config: RunConfig, hparams: MoonHyperparameters, model: nn.Module,
-                 num_train: list[int]) -> None:
+    def __init__(self, config: RunConfig, hparams: MoonHyperparameters, model: nn.Module, num_train: list[int]) -> None:
         self.head_module = head_module_names(model, 1)[0]
         super().__init__(config, hparams, model, num_train)
 

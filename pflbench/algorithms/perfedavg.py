@@ -29,6 +29,7 @@ choice, not a value copied from the paper — tune both.
 
 State: shared = w (sent down and uploaded, counted in bytes); no private state.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -49,8 +50,9 @@ def adaptation_step(w: Tensors, gradient: Tensors, alpha: float) -> Tensors:
 
 
 @torch.no_grad()
-def meta_gradient(gradient: Gradient, w: Tensors, batches: Sequence[object], alpha: float,
-                  variant: str, delta: float) -> tuple[Tensors, torch.Tensor]:
+def meta_gradient(
+    gradient: Gradient, w: Tensors, batches: Sequence[object], alpha: float, variant: str, delta: float
+) -> tuple[Tensors, torch.Tensor]:
     """Per-FedAvg's outer direction g from ``batches`` = (D, D') for fo or (D, D', D'') for hf;
     ``gradient(params, batch) -> (f, ∇f)``. Returns (g, f(w'; D'))."""
     w = {n: t.detach() for n, t in w.items()}
@@ -70,10 +72,16 @@ def meta_gradient(gradient: Gradient, w: Tensors, batches: Sequence[object], alp
 @dataclass(frozen=True)
 class PerFedAvgHyperparameters:
     inner_lr: float = option(0.01, "α: step size of the one-step adaptation (training and test).")
-    beta: float | None = option(None, "β: Per-FedAvg's outer (meta) step size; pFedMe's server mixing "
-                                "w ← (1 − β)·w + β·avg(w_k). [Per-FedAvg default: --lr]")
-    variant: str = option("hf", "fo = first-order MAML step; hf = Hessian-free (finite-difference "
-                          "Hessian-vector product).", choices=("fo", "hf"))
+    beta: float | None = option(
+        None,
+        "β: Per-FedAvg's outer (meta) step size; pFedMe's server mixing "
+        "w ← (1 − β)·w + β·avg(w_k). [Per-FedAvg default: --lr]",
+    )
+    variant: str = option(
+        "hf",
+        "fo = first-order MAML step; hf = Hessian-free (finite-difference Hessian-vector product).",
+        choices=("fo", "hf"),
+    )
     hvp_delta: float = option(1e-3, "δ of the finite-difference Hessian-vector product (hf).")
 
     def validate(self) -> None:
@@ -104,8 +112,9 @@ class PerFedAvgProgram(ClientProgram[PerFedAvgHyperparameters]):
         trainer.model.train()
         for _ in range(steps):
             batches = [next(stream) for _ in range(group)]
-            direction, loss = meta_gradient(_batch_gradient(trainer), w, batches, hparams.inner_lr,
-                                            hparams.variant, hparams.hvp_delta)
+            direction, loss = meta_gradient(
+                _batch_gradient(trainer), w, batches, hparams.inner_lr, hparams.variant, hparams.hvp_delta
+            )
             apply_gradients(optimizer, w, direction, spec.max_grad_norm)
             total += loss
         trainer.train_only(frozenset(self.layout.trainable), self.layout.trainable)

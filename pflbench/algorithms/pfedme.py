@@ -23,6 +23,7 @@ State: shared = w (sent down and uploaded, counted in bytes); private, never sen
 last θ̂ (``pfedme.theta.<name>``), its personalized model, as the paper evaluates it: pers_acc uses
 θ̂_k (the initial model for clients never sampled), global_acc uses w.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -30,8 +31,17 @@ from dataclasses import dataclass
 
 import torch
 
-from pflbench import (Algorithm, ClientProgram, ClientUpdate, ConfigError, Tensors, option,
-                      register_algorithm, sample_weights, weighted_average)
+from pflbench import (
+    Algorithm,
+    ClientProgram,
+    ClientUpdate,
+    ConfigError,
+    Tensors,
+    option,
+    register_algorithm,
+    sample_weights,
+    weighted_average,
+)
 from pflbench.engine import LocalResult, LocalTrainer, apply_gradients
 
 THETA = "pfedme.theta."
@@ -39,8 +49,9 @@ Gradient = Callable[[Tensors], tuple[torch.Tensor, Tensors]]
 
 
 @torch.no_grad()
-def pfedme_inner_solve(gradient: Gradient, theta: Tensors, anchor: Tensors, lam: float,
-                       lr: float, steps: int) -> tuple[Tensors, torch.Tensor | None]:
+def pfedme_inner_solve(
+    gradient: Gradient, theta: Tensors, anchor: Tensors, lam: float, lr: float, steps: int
+) -> tuple[Tensors, torch.Tensor | None]:
     """K steps of θ ← θ − ν·(∇f(θ) + λ·(θ − w)) from ``theta`` (w = ``anchor``); returns θ̂ and the
     loss f at the last step's start. ``gradient(θ) -> (f(θ), ∇f(θ))``."""
     loss = None
@@ -67,12 +78,16 @@ def pfedme_server_update(global_state: Tensors, average: Tensors, beta: float) -
 
 @dataclass(frozen=True)
 class PFedMeHyperparameters:
-    lam: float = option(15.0, "λ of the proximal term (λ/2)·‖personal − global‖² (Ditto: personal "
-                        "model v vs the received w; pFedMe: Moreau envelope θ vs w).")
+    lam: float = option(
+        15.0,
+        "λ of the proximal term (λ/2)·‖personal − global‖² (Ditto: personal "
+        "model v vs the received w; pFedMe: Moreau envelope θ vs w).",
+    )
     inner_steps: int = option(5, "K: gradient steps that approximate θ̂ per batch (paper: 5).")
     personal_lr: float = option(0.01, "ν: step size of the inner steps (paper: 0.01).")
-    beta: float = option(1.0, "β: Per-FedAvg's outer (meta) step size; pFedMe's server mixing "
-                         "w ← (1 − β)·w + β·avg(w_k).")
+    beta: float = option(
+        1.0, "β: Per-FedAvg's outer (meta) step size; pFedMe's server mixing w ← (1 − β)·w + β·avg(w_k)."
+    )
 
     def validate(self) -> None:
         if not self.lam > 0:
@@ -98,11 +113,14 @@ class PFedMeProgram(ClientProgram[PFedMeHyperparameters]):
         for _ in range(self.local.epochs):
             for inputs, targets in trainer.epoch():
                 theta, loss = pfedme_inner_solve(
-                    lambda params, x=inputs, y=targets: trainer.gradient(params, x, y), theta,
-                    {n: p.detach() for n, p in w.items()}, hparams.lam, hparams.personal_lr,
-                    hparams.inner_steps)
-                apply_gradients(optimizer, w, pfedme_envelope_gradient(w, theta, hparams.lam),
-                                spec.max_grad_norm)
+                    lambda params, x=inputs, y=targets: trainer.gradient(params, x, y),
+                    theta,
+                    {n: p.detach() for n, p in w.items()},
+                    hparams.lam,
+                    hparams.personal_lr,
+                    hparams.inner_steps,
+                )
+                apply_gradients(optimizer, w, pfedme_envelope_gradient(w, theta, hparams.lam), spec.max_grad_norm)
                 total += loss
                 steps += 1
         trainer.train_only(frozenset(self.layout.trainable), self.layout.trainable)
@@ -138,5 +156,5 @@ class PFedMe(Algorithm[PFedMeHyperparameters]):
     def personal_model(self, client_id: int) -> Tensors:
         private = self.store.get(client_id)
         model = self.model_state(self.program.assemble(self.broadcast(client_id), private))
-        model.update({n[len(THETA):]: t for n, t in private.items() if n.startswith(THETA)})
+        model.update({n[len(THETA) :]: t for n, t in private.items() if n.startswith(THETA)})
         return model

@@ -30,6 +30,7 @@ paper's update (and option II's control estimate, which assumes y − x = −η�
 hold, so ``check_config`` refuses them. Weight decay and ``--max-grad-norm`` apply to the
 corrected gradient.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,8 +38,19 @@ from typing import Any
 
 import torch
 
-from pflbench import (Algorithm, ClientProgram, ClientUpdate, ConfigError, LocalResult, RunConfig,
-                      Tensors, option, register_algorithm, sample_weights, weighted_average)
+from pflbench import (
+    Algorithm,
+    ClientProgram,
+    ClientUpdate,
+    ConfigError,
+    LocalResult,
+    RunConfig,
+    Tensors,
+    option,
+    register_algorithm,
+    sample_weights,
+    weighted_average,
+)
 from pflbench.engine import standard_local_update
 
 SERVER_CONTROL = "scaffold.c."  # c, sent with x (bytes_down)
@@ -47,23 +59,35 @@ CONTROL_DELTA = "scaffold.dc."  # Δc_i, uploaded (bytes_up)
 PREFIX = "scaffold."
 
 
-def corrected_gradient(gradient: torch.Tensor, client_control: torch.Tensor,
-                       server_control: torch.Tensor) -> torch.Tensor:
+def corrected_gradient(
+    gradient: torch.Tensor, client_control: torch.Tensor, server_control: torch.Tensor
+) -> torch.Tensor:
     """g − c_i + c: the direction of SCAFFOLD's local step."""
     return gradient - client_control + server_control
 
 
-def client_control_update(client_control: torch.Tensor, server_control: torch.Tensor,
-                          server_model: torch.Tensor, local_model: torch.Tensor, steps: int,
-                          lr: float) -> torch.Tensor:
+def client_control_update(
+    client_control: torch.Tensor,
+    server_control: torch.Tensor,
+    server_model: torch.Tensor,
+    local_model: torch.Tensor,
+    steps: int,
+    lr: float,
+) -> torch.Tensor:
     """Option II: c_i⁺ = c_i − c + (x − y)/(K·η); unchanged when no step was taken (K = 0)."""
     if steps == 0:
         return client_control.clone()
     return client_control - server_control + (server_model - local_model) / (steps * lr)
 
 
-def server_update(model: Tensors, control: Tensors, model_deltas: list[Tensors],
-                  control_deltas: list[Tensors], server_lr: float, num_clients: int) -> tuple[Tensors, Tensors]:
+def server_update(
+    model: Tensors,
+    control: Tensors,
+    model_deltas: list[Tensors],
+    control_deltas: list[Tensors],
+    server_lr: float,
+    num_clients: int,
+) -> tuple[Tensors, Tensors]:
     """x + η_g·mean Δy and c + (|S|/N)·mean Δc (uniform means over the |S| updates)."""
     sampled = len(model_deltas)
     mean_dy = weighted_average(model_deltas, [1 / sampled] * sampled)
@@ -100,6 +124,7 @@ class ScaffoldProgram(ClientProgram[ScaffoldHyperparameters]):
                 if name == names[0]:
                     steps[0] += 1  # one backward pass = one local step
                 return gradient + shift[name]  # = corrected_gradient(g, c_i, c)
+
             return hook
 
         handles = [trainer.params[n].register_hook(correct(n)) for n in names]
@@ -113,8 +138,9 @@ class ScaffoldProgram(ClientProgram[ScaffoldHyperparameters]):
             upload[n] = state[n].detach().clone()
         for n in names:
             y, x = state[n].detach(), received[n]
-            new_control = client_control_update(private[CLIENT_CONTROL + n], received[SERVER_CONTROL + n],
-                                                x, y, steps[0], self.local.lr)
+            new_control = client_control_update(
+                private[CLIENT_CONTROL + n], received[SERVER_CONTROL + n], x, y, steps[0], self.local.lr
+            )
             upload[n] = y - x  # Δy
             upload[CONTROL_DELTA + n] = new_control - private[CLIENT_CONTROL + n]  # Δc_i
             kept[CLIENT_CONTROL + n] = new_control
@@ -140,7 +166,8 @@ class Scaffold(Algorithm[ScaffoldHyperparameters]):
             raise ConfigError(
                 f"scaffold corrects plain SGD steps (y ← y − η(g − c_i + c)); --optimizer "
                 f"{config.optimizer} --momentum {config.momentum:g} would not be SCAFFOLD: use "
-                "--optimizer sgd --momentum 0")
+                "--optimizer sgd --momentum 0"
+            )
 
     def __init__(self, config: RunConfig, hparams: ScaffoldHyperparameters, model, num_train) -> None:
         super().__init__(config, hparams, model, num_train)
@@ -151,8 +178,7 @@ class Scaffold(Algorithm[ScaffoldHyperparameters]):
         return {"controlled": tuple(n for n, p in self.model.named_parameters() if p.requires_grad)}
 
     def extra_private_state(self) -> Tensors:
-        return {CLIENT_CONTROL + n: torch.zeros_like(self.global_state[n])
-                for n in self.layout.groups["controlled"]}
+        return {CLIENT_CONTROL + n: torch.zeros_like(self.global_state[n]) for n in self.layout.groups["controlled"]}
 
     def broadcast(self, client_id: int) -> Tensors:
         return {**self.global_state, **{SERVER_CONTROL + n: c for n, c in self.control.items()}}
@@ -163,20 +189,27 @@ class Scaffold(Algorithm[ScaffoldHyperparameters]):
             return
         names = list(self.control)
         model, control = server_update(
-            {n: self.global_state[n] for n in names}, self.control,
+            {n: self.global_state[n] for n in names},
+            self.control,
             [{n: u.params[n] for n in names} for u in updates],
             [{n: u.params[CONTROL_DELTA + n] for n in names} for u in updates],
-            self.hparams.server_lr, self.config.num_clients)
+            self.hparams.server_lr,
+            self.config.num_clients,
+        )
         buffers = [n for n in self.layout.shared if n not in self.control]
         if buffers:
-            model.update(weighted_average([{n: u.params[n] for n in buffers} for u in updates],
-                                          sample_weights(updates)))
+            model.update(
+                weighted_average([{n: u.params[n] for n in buffers} for u in updates], sample_weights(updates))
+            )
         for n, value in model.items():
             self.global_state[n].copy_(value)
         for n, value in control.items():
             self.control[n].copy_(value)
 
     def round_diagnostics(self, updates: list[ClientUpdate]) -> dict[str, Any]:
-        norm = torch.linalg.vector_norm(torch.stack([c.norm() for c in self.control.values()])) \
-            if self.control else torch.zeros(())
+        norm = (
+            torch.linalg.vector_norm(torch.stack([c.norm() for c in self.control.values()]))
+            if self.control
+            else torch.zeros(())
+        )
         return {"server_control_norm": float(norm)}

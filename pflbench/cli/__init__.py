@@ -10,6 +10,7 @@
 
 Nothing here imports torch at module level: ``pflbench --help`` and ``pflbench list`` stay fast.
 """
+
 from __future__ import annotations
 
 import sys
@@ -24,15 +25,21 @@ from .rerun import rerun_command
 from .run import list_command, partition_command, run_command
 
 
-@click.group(cls=PflbenchGroup, context_settings={"help_option_names": ["-h", "--help"],
-                                                   "max_content_width": 100})
+@click.group(cls=PflbenchGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="pflbench")
 def cli() -> None:
     """pflbench — personalized federated learning benchmarks."""
 
 
-for command in (run_command, rerun_command, list_command, partition_command, sweep, leaderboard_command,
-                pretrain_command):
+for command in (
+    run_command,
+    rerun_command,
+    list_command,
+    partition_command,
+    sweep,
+    leaderboard_command,
+    pretrain_command,
+):
     cli.add_command(command)
 
 

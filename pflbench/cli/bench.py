@@ -1,4 +1,5 @@
 """``pflbench sweep`` and ``pflbench leaderboard``: grids of runs and the tables made from them."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -6,12 +7,14 @@ from typing import Any
 
 import click
 
-from .config_file import config_option
-from .options import RunCommand, _flag, dataclass_options
 from ..config import RunConfig
 from ..errors import ConfigError
+from .config_file import config_option
+from .options import RunCommand, _flag, dataclass_options
 
-SWEEP_SHARED = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name not in ("algo", "dataset", "alpha", "seed"))
+SWEEP_SHARED = tuple(
+    f.name for f in dataclasses.fields(RunConfig) if f.name not in ("algo", "dataset", "alpha", "seed")
+)
 
 
 def _sweep_axes(sets: tuple[str, ...], values: dict[str, Any], run_fields: set[str]) -> dict[str, tuple[Any, ...]]:
@@ -42,8 +45,9 @@ def _sweep_axes(sets: tuple[str, ...], values: dict[str, Any], run_fields: set[s
 SWEEP_CONTROLS = ("jobs", "quiet", "dry_run", "plugin", "ray", "cpus_per_run", "gpus_per_run", "config")
 
 
-def sweep_plan(algos: str, datasets: str, alphas: str, seeds: str, sets: tuple[str, ...],
-               **values: Any) -> tuple[RunConfig, Any]:
+def sweep_plan(
+    algos: str, datasets: str, alphas: str, seeds: str, sets: tuple[str, ...], **values: Any
+) -> tuple[RunConfig, Any]:
     """(shared RunConfig, Grid) from the sweep command's values (inside its click context);
     the sweep's own controls (--jobs, --ray, ...) are not grid settings."""
     from ..sweep import Grid, split_values
@@ -52,15 +56,31 @@ def sweep_plan(algos: str, datasets: str, alphas: str, seeds: str, sets: tuple[s
 
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
     base = RunConfig(**{k: v for k, v in values.items() if k in run_fields})
-    grid = Grid(split_values(algos, str, "--algos"), split_values(datasets, str, "--datasets"),
-                split_values(alphas, float, "--alphas"), split_values(seeds, int, "--seeds"),
-                _sweep_axes(sets, values, run_fields))
+    grid = Grid(
+        split_values(algos, str, "--algos"),
+        split_values(datasets, str, "--datasets"),
+        split_values(alphas, float, "--alphas"),
+        split_values(seeds, int, "--seeds"),
+        _sweep_axes(sets, values, run_fields),
+    )
     return base, grid
 
 
-def _sweep_callback(algos: str, datasets: str, alphas: str, seeds: str, sets: tuple[str, ...],
-                    jobs: int, quiet: bool, dry_run: bool, plugin: tuple[str, ...], ray: bool,
-                    cpus_per_run: float, gpus_per_run: float, **values: Any) -> int:
+def _sweep_callback(
+    algos: str,
+    datasets: str,
+    alphas: str,
+    seeds: str,
+    sets: tuple[str, ...],
+    jobs: int,
+    quiet: bool,
+    dry_run: bool,
+    plugin: tuple[str, ...],
+    ray: bool,
+    cpus_per_run: float,
+    gpus_per_run: float,
+    **values: Any,
+) -> int:
     from pathlib import Path
 
     from ..config import hyperparameters_from
@@ -78,9 +98,17 @@ def _sweep_callback(algos: str, datasets: str, alphas: str, seeds: str, sets: tu
         check_resources(base, cpus_per_run, gpus_per_run)
         require_ray()
     runs = expand_grid(base, grid)  # every cell resolved like a run; LoRA grids share LoRA defaults
-    refuse_inert_options([(run.config, hyperparameters_from(ALGORITHMS.get(run.config.algo).hyperparameters,
-                                                            dict(run.algo_options), run.config.algo))
-                          for run in runs])
+    refuse_inert_options(
+        [
+            (
+                run.config,
+                hyperparameters_from(
+                    ALGORITHMS.get(run.config.algo).hyperparameters, dict(run.algo_options), run.config.algo
+                ),
+            )
+            for run in runs
+        ]
+    )
     if dry_run:
         for run in runs:
             done = " (finished)" if (run.run_dir / "summary.json").is_file() else ""
@@ -108,8 +136,10 @@ def _sweep_callback(algos: str, datasets: str, alphas: str, seeds: str, sets: tu
         click.echo(f"[{index + 1}/{len(runs)}] {run.describe()}: {detail}")
 
     if not quiet:
-        click.echo(f"sweep: {len(runs)} runs into {Path(base.out) / 'runs'}"
-                   + (f" as Ray tasks ({cpus_per_run:g} CPU, {gpus_per_run:g} GPU each)" if on_ray else ""))
+        click.echo(
+            f"sweep: {len(runs)} runs into {Path(base.out) / 'runs'}"
+            + (f" as Ray tasks ({cpus_per_run:g} CPU, {gpus_per_run:g} GPU each)" if on_ray else "")
+        )
     try:
         if on_ray:
             from ..ray_sweep import run_sweep_on_ray
@@ -119,14 +149,19 @@ def _sweep_callback(algos: str, datasets: str, alphas: str, seeds: str, sets: tu
             run_sweep(runs, record, grid, base, plugin, report, jobs=jobs)
     except KeyboardInterrupt:
         counts = count_statuses(runs)
-        click.echo(f"sweep interrupted: {counts['done']} done, {counts['skipped']} skipped, "
-                   f"{counts['interrupted'] + counts['pending']} not finished; rerun the same command "
-                   f"to finish them. record: {record}", err=True)
+        click.echo(
+            f"sweep interrupted: {counts['done']} done, {counts['skipped']} skipped, "
+            f"{counts['interrupted'] + counts['pending']} not finished; rerun the same command "
+            f"to finish them. record: {record}",
+            err=True,
+        )
         raise
     counts = count_statuses(runs)
-    click.echo(f"sweep: {counts['done']} done, {counts['skipped']} skipped (already finished), "
-               f"{counts['claimed']} skipped (running elsewhere), {counts['diverged']} diverged, "
-               f"{counts['failed']} failed; record: {record}")
+    click.echo(
+        f"sweep: {counts['done']} done, {counts['skipped']} skipped (already finished), "
+        f"{counts['claimed']} skipped (running elsewhere), {counts['diverged']} diverged, "
+        f"{counts['failed']} failed; record: {record}"
+    )
     for run in runs:
         if run.status == "failed":
             click.echo(f"  failed {run.name}: {run.error} (see {run.run_dir / 'error.json'})", err=True)
@@ -138,48 +173,80 @@ def _sweep_callback(algos: str, datasets: str, alphas: str, seeds: str, sets: tu
 
 
 sweep = RunCommand(
-    "sweep", callback=_sweep_callback,
+    "sweep",
+    callback=_sweep_callback,
     help="Run a grid of experiments: algorithms × datasets × α × seeds × --set axes.\n\n"
-         "Every other option is shared by all runs. Runs already finished in --out are skipped and "
-         "unfinished ones continue from their checkpoint, so rerunning the command resumes the sweep; "
-         "runs another live process is running are skipped; a diverged run keeps its partial "
-         "results (status diverged, exit code 1); a failed run gets error.json in its folder and "
-         "the sweep goes on (exit code 1 at the end). The sweep's grid and each run's status go to "
-         "OUT/sweeps/<time>-<hash>.json.\n\n"
-         "A whole grid can live in a TOML/YAML file (--config FILE: algos, datasets, alphas, seeds, "
-         "a [set] table and any shared option); the command line overrides it.\n\n"
-         "\b\nExample:\n  pflbench sweep --algos fedavg,fedprox --alphas 0.1,1 --seeds 0,1,2 --set mu=0.01,0.1\n"
-         "  pflbench sweep --config examples/paper_digits.toml",
-    params=[config_option(),
-            click.Option(["--algos"], default=RunConfig.algo, show_default=True,
-                         help="Algorithms, comma-separated."),
-            click.Option(["--datasets"], default=RunConfig.dataset, show_default=True,
-                         help="Datasets, comma-separated."),
-            click.Option(["--alphas"], default=f"{RunConfig.alpha:g}", show_default=True,
-                         help="Dirichlet concentrations, comma-separated."),
-            click.Option(["--seeds"], default=str(RunConfig.seed), show_default=True,
-                         help="Seeds, comma-separated."),
-            click.Option(["--set", "sets"], multiple=True, metavar="NAME=V1,V2",
-                         help="Another grid axis: a run option (lr=0.01,0.05) or an algorithm "
-                              "hyperparameter (mu=0.01,0.1; only for the algorithms that have it). Repeatable."),
-            *dataclass_options(RunConfig, SWEEP_SHARED),
-            click.Option(["--ray"], is_flag=True,
-                         help="Run whole runs in parallel as Ray tasks (a local Ray instance with this "
-                              "machine's CPUs, or the cluster of --ray-address, which implies --ray); "
-                              "results are written here as by a local sweep. pip install 'pflbench[ray]'."),
-            click.Option(["--cpus-per-run"], type=float, default=1.0, show_default=True,
-                         help="CPUs each run task declares to Ray (and its torch threads)."),
-            click.Option(["--gpus-per-run"], type=float, default=0.0, show_default=True,
-                         help="GPUs each run task declares to Ray (fractions share a GPU)."),
-            click.Option(["--jobs", "-j"], type=click.IntRange(min=1), default=1, show_default=True,
-                         help="Runs at once, each in its own process with max(1, threads // jobs) "
-                              "threads (--threads 0: every usable core). Same metrics as --jobs 1 "
-                              "at equal threads per run."),
-            click.Option(["--quiet", "-q"], is_flag=True, help="Print only the final summary."),
-            click.Option(["--dry-run"], is_flag=True, help="List the grid's runs (and which are "
-                         "finished) without running anything."),
-            click.Option(["--plugin"], multiple=True, type=str,
-                         help="Python file that registers an algorithm/dataset/model (repeatable).")])
+    "Every other option is shared by all runs. Runs already finished in --out are skipped and "
+    "unfinished ones continue from their checkpoint, so rerunning the command resumes the sweep; "
+    "runs another live process is running are skipped; a diverged run keeps its partial "
+    "results (status diverged, exit code 1); a failed run gets error.json in its folder and "
+    "the sweep goes on (exit code 1 at the end). The sweep's grid and each run's status go to "
+    "OUT/sweeps/<time>-<hash>.json.\n\n"
+    "A whole grid can live in a TOML/YAML file (--config FILE: algos, datasets, alphas, seeds, "
+    "a [set] table and any shared option); the command line overrides it.\n\n"
+    "\b\nExample:\n  pflbench sweep --algos fedavg,fedprox --alphas 0.1,1 --seeds 0,1,2 --set mu=0.01,0.1\n"
+    "  pflbench sweep --config examples/paper_digits.toml",
+    params=[
+        config_option(),
+        click.Option(["--algos"], default=RunConfig.algo, show_default=True, help="Algorithms, comma-separated."),
+        click.Option(["--datasets"], default=RunConfig.dataset, show_default=True, help="Datasets, comma-separated."),
+        click.Option(
+            ["--alphas"],
+            default=f"{RunConfig.alpha:g}",
+            show_default=True,
+            help="Dirichlet concentrations, comma-separated.",
+        ),
+        click.Option(["--seeds"], default=str(RunConfig.seed), show_default=True, help="Seeds, comma-separated."),
+        click.Option(
+            ["--set", "sets"],
+            multiple=True,
+            metavar="NAME=V1,V2",
+            help="Another grid axis: a run option (lr=0.01,0.05) or an algorithm "
+            "hyperparameter (mu=0.01,0.1; only for the algorithms that have it). Repeatable.",
+        ),
+        *dataclass_options(RunConfig, SWEEP_SHARED),
+        click.Option(
+            ["--ray"],
+            is_flag=True,
+            help="Run whole runs in parallel as Ray tasks (a local Ray instance with this "
+            "machine's CPUs, or the cluster of --ray-address, which implies --ray); "
+            "results are written here as by a local sweep. pip install 'pflbench[ray]'.",
+        ),
+        click.Option(
+            ["--cpus-per-run"],
+            type=float,
+            default=1.0,
+            show_default=True,
+            help="CPUs each run task declares to Ray (and its torch threads).",
+        ),
+        click.Option(
+            ["--gpus-per-run"],
+            type=float,
+            default=0.0,
+            show_default=True,
+            help="GPUs each run task declares to Ray (fractions share a GPU).",
+        ),
+        click.Option(
+            ["--jobs", "-j"],
+            type=click.IntRange(min=1),
+            default=1,
+            show_default=True,
+            help="Runs at once, each in its own process with max(1, threads // jobs) "
+            "threads (--threads 0: every usable core). Same metrics as --jobs 1 "
+            "at equal threads per run.",
+        ),
+        click.Option(["--quiet", "-q"], is_flag=True, help="Print only the final summary."),
+        click.Option(
+            ["--dry-run"], is_flag=True, help="List the grid's runs (and which are finished) without running anything."
+        ),
+        click.Option(
+            ["--plugin"],
+            multiple=True,
+            type=str,
+            help="Python file that registers an algorithm/dataset/model (repeatable).",
+        ),
+    ],
+)
 
 # ---- leaderboard: options and output writing (issues 9 and 14) -------------------------------
 FORMAT_CHOICES = ("md", "latex", "csv", "html", "all")
@@ -196,36 +263,99 @@ def _write_text(path: Any, text: str) -> None:
 
 @click.command("leaderboard")
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
-@click.option("--metric", default="pers_acc", show_default=True,
-              help="Final value from summary.json: pers_acc, pers_acc_last10, global_acc, pers_acc_worst10, ...")
-@click.option("--format", "fmt", type=click.Choice(FORMAT_CHOICES), default="md", show_default=True,
-              help="Output format; all = md, latex, csv and html.")
-@click.option("--extra", default="", metavar="comm,time,worst10",
-              help="Extra columns: comm (MB up + down), time (wall seconds), worst10 (worst-10% clients' accuracy).")
-@click.option("--output", type=click.Path(), help="File, or folder for leaderboard_<metric>.<ext> "
-              "(needed by --format all). Default: print to stdout.")
-@click.option("--plots", type=click.Path(file_okay=False),
-              help="Folder for accuracy-vs-round and accuracy-vs-communication plots (PNG, PDF and SVG).")
-@click.option("--interval", type=click.Choice(("std", "ci95")), default="std", show_default=True,
-              help="The ± part of a cell: sample std over seeds, or the half-width of the t-based 95% CI of the mean.")
-@click.option("--test", "test", type=click.Choice(("ttest", "wilcoxon", "none")), default="ttest",
-              show_default=True, help="Paired test (by seed) of each entry against its column's best; "
-              "entries with p ≥ --level are underlined as not significantly worse.")
-@click.option("--level", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.05,
-              show_default=True, help="Significance level of --test.")
-@click.option("--show-n", is_flag=True, help="Write the number of seeds in every cell (default: only where it differs).")
-@click.option("--rename", multiple=True, metavar="OLD=NEW",
-              help="Display name of an algorithm or a row (repeatable), e.g. --rename fedavg='FedAvg (ours)'.")
-@click.option("--latex-fit", type=click.Choice(("resize", "transpose", "none")), default="resize",
-              show_default=True, help="LaTeX tables wider than the text: scale down (needs graphicx), "
-              "transpose (algorithms as columns, then scaled down if still too wide), or leave as is.")
+@click.option(
+    "--metric",
+    default="pers_acc",
+    show_default=True,
+    help="Final value from summary.json: pers_acc, pers_acc_last10, global_acc, pers_acc_worst10, ...",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMAT_CHOICES),
+    default="md",
+    show_default=True,
+    help="Output format; all = md, latex, csv and html.",
+)
+@click.option(
+    "--extra",
+    default="",
+    metavar="comm,time,worst10",
+    help="Extra columns: comm (MB up + down), time (wall seconds), worst10 (worst-10% clients' accuracy).",
+)
+@click.option(
+    "--output",
+    type=click.Path(),
+    help="File, or folder for leaderboard_<metric>.<ext> (needed by --format all). Default: print to stdout.",
+)
+@click.option(
+    "--plots",
+    type=click.Path(file_okay=False),
+    help="Folder for accuracy-vs-round and accuracy-vs-communication plots (PNG, PDF and SVG).",
+)
+@click.option(
+    "--interval",
+    type=click.Choice(("std", "ci95")),
+    default="std",
+    show_default=True,
+    help="The ± part of a cell: sample std over seeds, or the half-width of the t-based 95% CI of the mean.",
+)
+@click.option(
+    "--test",
+    "test",
+    type=click.Choice(("ttest", "wilcoxon", "none")),
+    default="ttest",
+    show_default=True,
+    help="Paired test (by seed) of each entry against its column's best; "
+    "entries with p ≥ --level are underlined as not significantly worse.",
+)
+@click.option(
+    "--level",
+    type=click.FloatRange(0, 1, min_open=True, max_open=True),
+    default=0.05,
+    show_default=True,
+    help="Significance level of --test.",
+)
+@click.option(
+    "--show-n", is_flag=True, help="Write the number of seeds in every cell (default: only where it differs)."
+)
+@click.option(
+    "--rename",
+    multiple=True,
+    metavar="OLD=NEW",
+    help="Display name of an algorithm or a row (repeatable), e.g. --rename fedavg='FedAvg (ours)'.",
+)
+@click.option(
+    "--latex-fit",
+    type=click.Choice(("resize", "transpose", "none")),
+    default="resize",
+    show_default=True,
+    help="LaTeX tables wider than the text: scale down (needs graphicx), "
+    "transpose (algorithms as columns, then scaled down if still too wide), or leave as is.",
+)
 @click.option("--label", help="LaTeX \\label [default: tab:<metric>-<hash of the table>].")
-@click.option("--include-diverged", is_flag=True,
-              help="Show runs whose status is not normal (e.g. diverged) on rows of their own, flagged "
-                   "[status], instead of leaving them out with a warning.")
-def leaderboard_command(dirs: tuple[str, ...], metric: str, fmt: str, extra: str, output: str | None,
-                        plots: str | None, interval: str, test: str, level: float, show_n: bool,
-                        rename: tuple[str, ...], latex_fit: str, label: str | None, include_diverged: bool) -> None:
+@click.option(
+    "--include-diverged",
+    is_flag=True,
+    help="Show runs whose status is not normal (e.g. diverged) on rows of their own, flagged "
+    "[status], instead of leaving them out with a warning.",
+)
+def leaderboard_command(
+    dirs: tuple[str, ...],
+    metric: str,
+    fmt: str,
+    extra: str,
+    output: str | None,
+    plots: str | None,
+    interval: str,
+    test: str,
+    level: float,
+    show_n: bool,
+    rename: tuple[str, ...],
+    latex_fit: str,
+    label: str | None,
+    include_diverged: bool,
+) -> None:
     """Tabulate the finished runs under DIRS: rows = algorithms, columns = (dataset, α),
     cells = mean ± std over seeds, best bold, not significantly worse than the best underlined,
     average rank and rank. Each run counts once (identified by its settings and seed, not its
@@ -237,10 +367,9 @@ def leaderboard_command(dirs: tuple[str, ...], metric: str, fmt: str, extra: str
     from ..latex import to_latex
     from ..leaderboard import load_runs, pivot, write_plots
     from ..names import parse_renames
+    from ..rundir import check_writable, writing
     from ..sweep import split_values
     from ..tables import FORMATS
-
-    from ..rundir import check_writable, writing
 
     if fmt == "all" and output is None:
         raise ConfigError("--format all writes one file per format; give --output FOLDER")
@@ -250,19 +379,28 @@ def leaderboard_command(dirs: tuple[str, ...], metric: str, fmt: str, extra: str
         check_writable(output, kind="folder" if into else "file")
     if plots:
         check_writable(plots)
-    frame = load_runs(dirs, warn=lambda message: click.echo(f"warning: {message}", err=True),
-                      include_abnormal=include_diverged)
+    frame = load_runs(
+        dirs, warn=lambda message: click.echo(f"warning: {message}", err=True), include_abnormal=include_diverged
+    )
     if frame.empty:
         raise ConfigError(f"no finished runs under {', '.join(dirs)}")
-    table = pivot(frame, metric, split_values(extra, str, "--extra") if extra else (), interval=interval,
-                  test=test, level=level, show_n=show_n, renames=renames)
+    table = pivot(
+        frame,
+        metric,
+        split_values(extra, str, "--extra") if extra else (),
+        interval=interval,
+        test=test,
+        level=level,
+        show_n=show_n,
+        renames=renames,
+    )
     formats = {**FORMATS, "latex": (partial(to_latex, label=label, fit=latex_fit), ".tex")}
     if output is None:
         click.echo(formats[fmt][0](table), nl=False)
     else:
         target = Path(output)
         into_folder = fmt == "all" or target.is_dir() or not target.suffix
-        for name in (formats if fmt == "all" else [fmt]):
+        for name in formats if fmt == "all" else [fmt]:
             render, suffix = formats[name]
             path = target / f"leaderboard_{metric}{suffix}" if into_folder else target
             _write_text(path, render(table))

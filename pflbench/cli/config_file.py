@@ -19,6 +19,7 @@ Example (``examples/paper_digits.toml``)::
     [set]
     lr = [0.05]
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -39,8 +40,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     kind = SUFFIXES.get(path.suffix.lower())
     if kind is None:
-        raise ConfigError(f"--config {path}: unknown format {path.suffix or '(no suffix)'!r}; "
-                          f"use .toml, .yaml or .yml")
+        raise ConfigError(f"--config {path}: unknown format {path.suffix or '(no suffix)'!r}; use .toml, .yaml or .yml")
     try:
         text = path.read_text()
     except OSError as error:
@@ -49,8 +49,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"--config {path}: the file must hold a table of options, not a "
-                          f"{type(data).__name__}")
+        raise ConfigError(f"--config {path}: the file must hold a table of options, not a {type(data).__name__}")
     table: dict[str, Any] = {}
     for key, value in data.items():
         name = str(key).strip().lstrip("-").replace("-", "_")
@@ -67,8 +66,7 @@ def _parse_toml(text: str, path: Path) -> Any:
         try:
             import tomli as tomllib  # type: ignore[no-redef]
         except ModuleNotFoundError:
-            raise ConfigError(f"--config {path}: reading TOML on Python 3.10 needs tomli "
-                              "(pip install tomli)") from None
+            raise ConfigError(f"--config {path}: reading TOML on Python 3.10 needs tomli (pip install tomli)") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
@@ -79,8 +77,7 @@ def _parse_yaml(text: str, path: Path) -> Any:
     try:
         import yaml
     except ModuleNotFoundError:
-        raise ConfigError(f"--config {path}: YAML needs PyYAML (pip install pyyaml), or use "
-                          "a .toml file") from None
+        raise ConfigError(f"--config {path}: YAML needs PyYAML (pip install pyyaml), or use a .toml file") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as error:
@@ -115,12 +112,12 @@ def _sets(value: Any, path: Path) -> tuple[str, ...]:
         return tuple(items)
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return tuple(value)
-    raise ConfigError(f"--config {path}: 'set' must be a table of NAME = [VALUES] "
-                      f"(e.g. set = {{mu = [0.01, 0.1]}})")
+    raise ConfigError(f"--config {path}: 'set' must be a table of NAME = [VALUES] (e.g. set = {{mu = [0.01, 0.1]}})")
 
 
-def default_map(table: dict[str, Any], params: list[click.Parameter], path: Path,
-                ignore: tuple[str, ...] = ("config", "help")) -> dict[str, Any]:
+def default_map(
+    table: dict[str, Any], params: list[click.Parameter], path: Path, ignore: tuple[str, ...] = ("config", "help")
+) -> dict[str, Any]:
     """The file's values keyed by the command's parameter names, shaped for click's
     ``default_map`` (lists for repeatable options, text for comma-separated ones)."""
     by_name = {p.name: p for p in params if p.name and p.name not in ignore}
@@ -163,10 +160,17 @@ def plugins_of(table: dict[str, Any]) -> list[str]:
     return [str(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
 
 
-CONFIG_OPTION_HELP = ("TOML or YAML file of options (keys = option names, `-` or `_`); options "
-                      "given on the command line override it.")
+CONFIG_OPTION_HELP = (
+    "TOML or YAML file of options (keys = option names, `-` or `_`); options given on the command line override it."
+)
 
 
 def config_option() -> click.Option:
-    return click.Option(["--config"], type=click.Path(dir_okay=False), default=None,
-                        help=CONFIG_OPTION_HELP, expose_value=False, is_eager=True)
+    return click.Option(
+        ["--config"],
+        type=click.Path(dir_okay=False),
+        default=None,
+        help=CONFIG_OPTION_HELP,
+        expose_value=False,
+        is_eager=True,
+    )

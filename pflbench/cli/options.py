@@ -4,6 +4,7 @@ Options are generated from the config dataclasses (``RunConfig`` and each algori
 hyperparameters), so defaults and help live in one place. ``PflbenchGroup`` turns every usage
 error into one ``Error: ...`` line and exit code 2.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,9 +48,16 @@ def dataclass_options(cls: type, names: tuple[str, ...] | None = None) -> list[c
             decls = [f"{_flag(f.name)}/--no-{f.name.replace('_', '-')}"]
             options.append(click.Option(decls, default=f.default, show_default=True, help=f.metadata["help"]))
             continue
-        options.append(click.Option([_flag(f.name)], type=click_type, multiple=multiple,
-                                    default=f.default, show_default=f.default is not None,
-                                    help=f.metadata["help"]))
+        options.append(
+            click.Option(
+                [_flag(f.name)],
+                type=click_type,
+                multiple=multiple,
+                default=f.default,
+                show_default=f.default is not None,
+                help=f.metadata["help"],
+            )
+        )
     return options
 
 
@@ -58,14 +66,15 @@ def algorithm_options() -> list[click.Option]:
     seen: dict[str, tuple[click.Option, list[str]]] = {}
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
     for algo, server_class in sorted(ALGORITHMS.items.items()):
-        for option, f in zip(dataclass_options(server_class.hyperparameters),
-                             dataclasses.fields(server_class.hyperparameters)):
+        for option, f in zip(
+            dataclass_options(server_class.hyperparameters), dataclasses.fields(server_class.hyperparameters)
+        ):
             if f.name in run_fields or f.name in ("quiet", "plugin"):
                 raise ConfigError(f"algorithm {algo!r} hyperparameter {f.name!r} clashes with a run option")
             entry = seen.setdefault(f.name, (option, []))
             entry[1].append(f"{algo}: {f.default}")
     result = []
-    for name, (option, defaults) in seen.items():
+    for option, defaults in seen.values():
         option.default, option.show_default = None, False
         option.help = f"{option.help} [{'; '.join(defaults)}]"
         result.append(option)
@@ -155,8 +164,14 @@ class RunCommand(click.Command):
 class PflbenchGroup(click.Group):
     """Turns every usage error into one ``Error: ...`` line with exit code 2."""
 
-    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
-             standalone_mode: bool = True, **extra: Any) -> Any:
+    def main(
+        self,
+        args: Any = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
         code = 0
         try:
             result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)

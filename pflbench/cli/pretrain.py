@@ -1,7 +1,7 @@
 """``pflbench pretrain``: the offline backbone of LoRA runs, built and cached ahead of time."""
+
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import click
@@ -10,8 +10,18 @@ from ..config import RunConfig
 from ..errors import ConfigError
 from .options import dataclass_options
 
-PRETRAIN_FIELDS = ("dataset", "dataset_option", "data_dir", "model", "model_option", "public_frac",
-                   "pretrain_epochs", "pretrain_lr", "seed", "device")
+PRETRAIN_FIELDS = (
+    "dataset",
+    "dataset_option",
+    "data_dir",
+    "model",
+    "model_option",
+    "public_frac",
+    "pretrain_epochs",
+    "pretrain_lr",
+    "seed",
+    "device",
+)
 
 
 @click.command("pretrain")
@@ -34,9 +44,11 @@ def pretrain_command(**values: Any) -> None:
     dataset = load_dataset(config.dataset, config.dataset_options())
     _, public = public_split(dataset.labels.numpy(), config.public_frac, config.seed)
     backbone = pretrain_backbone(config, dataset, public, resolve_device(config.device))
-    click.echo(f"{'found cached' if backbone.from_cache else 'pretrained'} {config.model} on "
-               f"{len(public)} public samples of {config.dataset} ({backbone.num_train} train / "
-               f"{backbone.num_val} held back): held-back accuracy {backbone.val_accuracy:.4f}")
+    click.echo(
+        f"{'found cached' if backbone.from_cache else 'pretrained'} {config.model} on "
+        f"{len(public)} public samples of {config.dataset} ({backbone.num_train} train / "
+        f"{backbone.num_val} held back): held-back accuracy {backbone.val_accuracy:.4f}"
+    )
     click.echo(f"weights: {backbone.path}")
 
 

@@ -1,4 +1,5 @@
 """``pflbench rerun RUN_DIR``: reproduce a run from its config.json (``pflbench/rerun.py``)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -8,18 +9,28 @@ import click
 
 @click.command("rerun")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
-@click.option("--out", type=click.Path(file_okay=False),
-              help="Output folder of the rerun (it goes to OUT/runs/<name>/) [default: "
-                   "OUT/reruns/<name>-<time>/ beside the original's OUT/runs/]. Never the original's.")
-@click.option("--save-model/--no-save-model", default=None,
-              help="Also write the final models [default: as the original run].")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    help="Output folder of the rerun (it goes to OUT/runs/<name>/) [default: "
+    "OUT/reruns/<name>-<time>/ beside the original's OUT/runs/]. Never the original's.",
+)
+@click.option(
+    "--save-model/--no-save-model", default=None, help="Also write the final models [default: as the original run]."
+)
 @click.option("--log", multiple=True, help="Experiment tracker(s) for the rerun: tensorboard, mlflow.")
 @click.option("--mlflow-uri", default=None, help="MLflow tracking URI for --log mlflow.")
-@click.option("--check", is_flag=True,
-              help="Exit with code 1 if the rerun's metrics differ from the original's.")
+@click.option("--check", is_flag=True, help="Exit with code 1 if the rerun's metrics differ from the original's.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
-def rerun_command(run_dir: str, out: str | None, save_model: bool | None, log: tuple[str, ...],
-                  mlflow_uri: str | None, check: bool, quiet: bool) -> int:
+def rerun_command(
+    run_dir: str,
+    out: str | None,
+    save_model: bool | None,
+    log: tuple[str, ...],
+    mlflow_uri: str | None,
+    check: bool,
+    quiet: bool,
+) -> int:
     """Run RUN_DIR's experiment again from its config.json (every resolved setting, the
     algorithm's hyperparameters, the plugins) into a new folder, then compare the metrics
     with the original's rounds.jsonl (timings aside; identical on the CPU)."""
@@ -38,8 +49,11 @@ def rerun_command(run_dir: str, out: str | None, save_model: bool | None, log: t
     prepared, recorded = prepare_rerun(run_dir, out, overrides)
     identity = identity_hash(run_identity(prepared.config, type(prepared.algorithm), prepared.algorithm.hparams))
     if recorded.identity_hash and identity != recorded.identity_hash:
-        click.echo(f"warning: the rerun's settings hash to {identity}, the original's to "
-                   f"{recorded.identity_hash} (pflbench changed what identifies a run?)", err=True)
+        click.echo(
+            f"warning: the rerun's settings hash to {identity}, the original's to "
+            f"{recorded.identity_hash} (pflbench changed what identifies a run?)",
+            err=True,
+        )
     if quiet:
         summary = execute(prepared, plugins=recorded.plugins)
     else:

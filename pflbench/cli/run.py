@@ -2,6 +2,7 @@
 
 Options are generated from the config dataclasses, so defaults and help live in one place.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,9 +15,21 @@ from ..registry import ALGORITHMS, DATASETS, MODELS, PARTITIONERS
 from .config_file import config_option
 from .options import RunCommand, dataclass_options
 
-PARTITION_FIELDS = ("dataset", "dataset_option", "data_dir", "partition", "alpha",
-                    "shards_per_client", "min_size", "test_frac", "num_clients", "seed", "public_frac",
-                    "dirichlet_cut", "partition_file")
+PARTITION_FIELDS = (
+    "dataset",
+    "dataset_option",
+    "data_dir",
+    "partition",
+    "alpha",
+    "shards_per_client",
+    "min_size",
+    "test_frac",
+    "num_clients",
+    "seed",
+    "public_frac",
+    "dirichlet_cut",
+    "partition_file",
+)
 
 
 def _run_callback(quiet: bool, plugin: tuple[str, ...], force: bool, resume: bool, **values: Any) -> int:
@@ -49,8 +62,10 @@ def _run_callback(quiet: bool, plugin: tuple[str, ...], force: bool, resume: boo
         return 1
     if "backbone_pers_acc" in summary:
         backbone = prepared.resolved["backbone"]
-        click.echo(f"before fine-tuning: pers_acc {summary['backbone_pers_acc']:.4f}; backbone "
-                   f"{backbone['source']}; head {backbone['head']}")
+        click.echo(
+            f"before fine-tuning: pers_acc {summary['backbone_pers_acc']:.4f}; backbone "
+            f"{backbone['source']}; head {backbone['head']}"
+        )
     click.echo(_summary_line(summary))
     if prepared.config.save_model:
         click.echo(f"models: {prepared.run_dir / 'models'}")
@@ -80,11 +95,24 @@ class ProgressObserver:
 
 
 def _execute_with_progress(prepared: Any, plugin: tuple[str, ...], execute: Any, **flags: Any) -> dict[str, Any]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     config = prepared.config
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, transient=False) as progress:
         task = progress.add_task(f"{config.algo} on {config.dataset}", total=config.rounds, status="")
         return execute(prepared, plugins=plugin, observers=[ProgressObserver(progress, task)], **flags)
@@ -94,35 +122,52 @@ def _summary_line(summary: dict[str, Any]) -> str:
     def fmt(value: Any) -> str:
         return "null" if value is None else f"{value:.4f}"
 
-    return (f"pers_acc {fmt(summary['pers_acc'])}  pers_acc_weighted {fmt(summary['pers_acc_weighted'])}  "
-            f"worst10 {fmt(summary['pers_acc_worst10'])}  global_acc {fmt(summary['global_acc'])}  "
-            + (f"pers_acc_ft {fmt(summary['pers_acc_ft'])}  " if "pers_acc_ft" in summary else "")
-            + f"up {summary['bytes_up_total'] / 2**20:.2f} MB  time {summary['wall_time_s']:.1f}s\n"
-            f"results: {summary['run_dir']}")
+    return (
+        f"pers_acc {fmt(summary['pers_acc'])}  pers_acc_weighted {fmt(summary['pers_acc_weighted'])}  "
+        f"worst10 {fmt(summary['pers_acc_worst10'])}  global_acc {fmt(summary['global_acc'])}  "
+        + (f"pers_acc_ft {fmt(summary['pers_acc_ft'])}  " if "pers_acc_ft" in summary else "")
+        + f"up {summary['bytes_up_total'] / 2**20:.2f} MB  time {summary['wall_time_s']:.1f}s\n"
+        f"results: {summary['run_dir']}"
+    )
 
 
 run_command = RunCommand(
-    "run", callback=_run_callback, help="Run one federated experiment and write its results folder OUT/runs/<name>/ (built in "
-         "OUT/runs/.tmp-<name>/ and moved into place when complete).\n\nExit code 0: completed; 1: "
-         "diverged (a non-finite loss or parameter; partial results kept with status diverged); "
-         "2: bad input, or a finished run without --force (one Error: line, nothing written).\n\n"
-         "Options can come from a TOML/YAML file (--config FILE; keys = option names); options "
-         "given on the command line override the file.",
-    params=[config_option(), *dataclass_options(RunConfig),
-            click.Option(["--quiet", "-q"], is_flag=True, help="No progress bar."),
-            click.Option(["--force"], is_flag=True,
-                         help="Redo a run that already finished in --out (the earlier result is "
-                              "replaced only when the new run completes)."),
-            click.Option(["--resume"], is_flag=True,
-                         help="Continue an unfinished run of the same settings from its last "
-                              "checkpoint (see --checkpoint-every); without one, start it anew."),
-            click.Option(["--plugin"], multiple=True, type=str,
-                         help="Python file that registers an algorithm/dataset/model (repeatable).")])
+    "run",
+    callback=_run_callback,
+    help="Run one federated experiment and write its results folder OUT/runs/<name>/ (built in "
+    "OUT/runs/.tmp-<name>/ and moved into place when complete).\n\nExit code 0: completed; 1: "
+    "diverged (a non-finite loss or parameter; partial results kept with status diverged); "
+    "2: bad input, or a finished run without --force (one Error: line, nothing written).\n\n"
+    "Options can come from a TOML/YAML file (--config FILE; keys = option names); options "
+    "given on the command line override the file.",
+    params=[
+        config_option(),
+        *dataclass_options(RunConfig),
+        click.Option(["--quiet", "-q"], is_flag=True, help="No progress bar."),
+        click.Option(
+            ["--force"],
+            is_flag=True,
+            help="Redo a run that already finished in --out (the earlier result is "
+            "replaced only when the new run completes).",
+        ),
+        click.Option(
+            ["--resume"],
+            is_flag=True,
+            help="Continue an unfinished run of the same settings from its last "
+            "checkpoint (see --checkpoint-every); without one, start it anew.",
+        ),
+        click.Option(
+            ["--plugin"],
+            multiple=True,
+            type=str,
+            help="Python file that registers an algorithm/dataset/model (repeatable).",
+        ),
+    ],
+)
 
 
 @click.command("list")
-@click.argument("kind", required=False,
-                type=click.Choice(["algorithms", "datasets", "models", "partitioners"]))
+@click.argument("kind", required=False, type=click.Choice(["algorithms", "datasets", "models", "partitioners"]))
 @click.option("--plugin", multiple=True, help="Python file that registers plugins (repeatable).")
 def list_command(kind: str | None, plugin: tuple[str, ...]) -> None:
     """List the registered plugins (all kinds, or one)."""
@@ -130,10 +175,10 @@ def list_command(kind: str | None, plugin: tuple[str, ...]) -> None:
 
     for path in plugin:  # a broken plugin is one error before anything is listed
         load_plugin_file(path)
-    registries = {"algorithms": ALGORITHMS, "datasets": DATASETS, "models": MODELS,
-                  "partitioners": PARTITIONERS}
-    listed = {name: describe(registry, plugin) for name, registry in registries.items()
-              if kind in (None, name)}  # plugins load (or fail) before anything is printed
+    registries = {"algorithms": ALGORITHMS, "datasets": DATASETS, "models": MODELS, "partitioners": PARTITIONERS}
+    listed = {
+        name: describe(registry, plugin) for name, registry in registries.items() if kind in (None, name)
+    }  # plugins load (or fail) before anything is printed
     for name, items in listed.items():
         click.echo(f"{name}:")
         for item_name, line in items.items():
@@ -145,8 +190,11 @@ def list_command(kind: str | None, plugin: tuple[str, ...]) -> None:
 @click.command("partition")
 @click.option("--plot", type=click.Path(dir_okay=False), help="Save a label-distribution plot (PNG/PDF).")
 @click.option("--save", type=click.Path(dir_okay=False), help="Save indices and statistics as JSON.")
-@click.option("--export", type=click.Path(dir_okay=False),
-              help="Export the exact train/test indices per client (JSON) for `run --partition-file`.")
+@click.option(
+    "--export",
+    type=click.Path(dir_okay=False),
+    help="Export the exact train/test indices per client (JSON) for `run --partition-file`.",
+)
 def partition_command(plot: str | None, save: str | None, export: str | None, **values: Any) -> None:
     """Partition a dataset and print per-client statistics."""
     from click.core import ParameterSource
@@ -171,18 +219,27 @@ def partition_command(plot: str | None, save: str | None, export: str | None, **
     config = fit_num_clients(config, dataset, explicit)
     split = make_partition(config, dataset)
     stats = split.stats
-    click.echo(f"{config.dataset}: {len(dataset.labels)} samples, {dataset.num_classes} classes, "
-               + (f"partition file {config.partition_file} K={config.num_clients}" if config.partition_file else
-                  f"partition={config.partition} alpha={config.alpha:g} K={config.num_clients} seed={config.seed}"
-                  + (f" cut={config.dirichlet_cut}" if config.partition == "dirichlet" else ""))
-               + (f"; {len(split.public)} held out as public data" if len(split.public) else ""))
-    click.echo(f"samples/client mean {stats['samples_mean']:.1f} std {stats['samples_std']:.1f} "
-               f"min {stats['samples_min']} max {stats['samples_max']}; "
-               f"classes/client mean {stats['classes_per_client_mean']:.2f}")
+    click.echo(
+        f"{config.dataset}: {len(dataset.labels)} samples, {dataset.num_classes} classes, "
+        + (
+            f"partition file {config.partition_file} K={config.num_clients}"
+            if config.partition_file
+            else f"partition={config.partition} alpha={config.alpha:g} K={config.num_clients} seed={config.seed}"
+            + (f" cut={config.dirichlet_cut}" if config.partition == "dirichlet" else "")
+        )
+        + (f"; {len(split.public)} held out as public data" if len(split.public) else "")
+    )
+    click.echo(
+        f"samples/client mean {stats['samples_mean']:.1f} std {stats['samples_std']:.1f} "
+        f"min {stats['samples_min']} max {stats['samples_max']}; "
+        f"classes/client mean {stats['classes_per_client_mean']:.2f}"
+    )
     click.echo(f"{'client':>6} {'train':>6} {'test':>5} {'classes':>7}  label histogram")
     for k in range(config.num_clients):
-        click.echo(f"{k:>6} {stats['train_samples'][k]:>6} {stats['test_samples'][k]:>5} "
-                   f"{stats['classes_per_client'][k]:>7}  {stats['label_histogram'][k]}")
+        click.echo(
+            f"{k:>6} {stats['train_samples'][k]:>6} {stats['test_samples'][k]:>5} "
+            f"{stats['classes_per_client'][k]:>7}  {stats['label_histogram'][k]}"
+        )
     if save:
         from pathlib import Path
 
@@ -197,8 +254,11 @@ def partition_command(plot: str | None, save: str | None, export: str | None, **
         from ..plots import plot_label_distribution
 
         with writing(plot):
-            path = plot_label_distribution(stats["label_histogram"], plot,
-                                           title=f"{config.dataset}, {config.partition}, α={config.alpha:g}, K={config.num_clients}")
+            path = plot_label_distribution(
+                stats["label_histogram"],
+                plot,
+                title=f"{config.dataset}, {config.partition}, α={config.alpha:g}, K={config.num_clients}",
+            )
         click.echo(f"plot: {path}")
 
 
@@ -208,8 +268,7 @@ def refuse_partition_inert(values: dict[str, Any]) -> None:
     from .options import _flag, explicit_options, inert_settings
 
     probe = RunConfig(**values)
-    inert = {k: v for k, v in inert_settings(probe, ALGORITHMS.get("fedavg"), None).items()
-             if k in PARTITION_FIELDS}
+    inert = {k: v for k, v in inert_settings(probe, ALGORITHMS.get("fedavg"), None).items() if k in PARTITION_FIELDS}
     for name in sorted(explicit_options(inert)):
         raise ConfigError(f"{_flag(name)} {values[name]} would be ignored: {inert[name]}; leave it out")
 

@@ -1,4 +1,5 @@
 """Offline built-in datasets: scikit-learn's bundled ``digits`` and a generated ``synthetic`` set."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,7 +20,9 @@ def digits() -> TensorDataset:
     return TensorDataset(
         inputs=torch.from_numpy(images).unsqueeze(1).contiguous(),
         labels=torch.from_numpy(bunch.target.astype(np.int64)),
-        num_classes=10, source="sklearn.datasets.load_digits (bundled, offline)")
+        num_classes=10,
+        source="sklearn.datasets.load_digits (bundled, offline)",
+    )
 
 
 def _parse_shape(shape: str | tuple) -> tuple[int, int, int]:
@@ -36,8 +39,9 @@ def _parse_shape(shape: str | tuple) -> tuple[int, int, int]:
 
 
 @register_dataset("synthetic")
-def synthetic(num_samples: int = 6000, num_classes: int = 10, shape: str = "3x32x32",
-              noise: float = 0.6, seed: int = 0) -> TensorDataset:
+def synthetic(
+    num_samples: int = 6000, num_classes: int = 10, shape: str = "3x32x32", noise: float = 0.6, seed: int = 0
+) -> TensorDataset:
     """Class-structured images: a smooth random prototype per class plus per-sample noise.
 
     Default is CIFAR-shaped (3×32×32, 10 classes). ``noise`` (relative to the prototypes'
@@ -45,20 +49,22 @@ def synthetic(num_samples: int = 6000, num_classes: int = 10, shape: str = "3x32
     """
     num_samples, num_classes, noise, seed = int(num_samples), int(num_classes), float(noise), int(seed)
     if num_samples < num_classes or num_classes < 2:
-        raise ConfigError(f"synthetic needs num_classes ≥ 2 and num_samples ≥ num_classes, "
-                          f"got num_samples={num_samples}, num_classes={num_classes}")
+        raise ConfigError(
+            f"synthetic needs num_classes ≥ 2 and num_samples ≥ num_classes, "
+            f"got num_samples={num_samples}, num_classes={num_classes}"
+        )
     channels, height, width = _parse_shape(shape)
     generator = torch.Generator().manual_seed(seed)
-    coarse = torch.randn(num_classes, channels, max(2, height // 4), max(2, width // 4),
-                         generator=generator)
-    prototypes = torch.nn.functional.interpolate(coarse, size=(height, width), mode="bilinear",
-                                                 align_corners=False)
+    coarse = torch.randn(num_classes, channels, max(2, height // 4), max(2, width // 4), generator=generator)
+    prototypes = torch.nn.functional.interpolate(coarse, size=(height, width), mode="bilinear", align_corners=False)
     labels = torch.arange(num_samples) % num_classes
     labels = labels[torch.randperm(num_samples, generator=generator)]
-    images = prototypes[labels] + noise * torch.randn(num_samples, channels, height, width,
-                                                      generator=generator)
+    images = prototypes[labels] + noise * torch.randn(num_samples, channels, height, width, generator=generator)
     images = ((images - images.mean()) / images.std() * 50 + 128).clamp(0, 255).round()
     return TensorDataset(
-        inputs=images.to(torch.uint8).contiguous(), labels=labels.long(), num_classes=num_classes,
+        inputs=images.to(torch.uint8).contiguous(),
+        labels=labels.long(),
+        num_classes=num_classes,
         source=f"generated synthetic (num_samples={num_samples}, num_classes={num_classes}, "
-               f"shape={channels}x{height}x{width}, noise={noise}, seed={seed})")
+        f"shape={channels}x{height}x{width}, noise={noise}, seed={seed})",
+    )

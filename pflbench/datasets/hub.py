@@ -17,12 +17,14 @@ The helpers in the first section (image decoding, labels, column checks) are sha
 ``pflbench.datasets.local_files``. Hugging Face ``datasets`` is imported where used: it takes
 about a second, and every pflbench command imports the dataset plugins.
 """
+
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -59,8 +61,10 @@ def image_sources(column: pa.ChunkedArray, name: str) -> list[bytes | str]:
     """The encoded bytes (or, where absent, the file path) of each HF ``Image`` struct."""
     fields = {field.name for field in column.type} if pa.types.is_struct(column.type) else set()
     if not {"bytes", "path"} <= fields:
-        raise ConfigError(f"column {name!r} is not an image column: expected Hugging Face Image "
-                          f"structs {{bytes, path}}, found {column.type}")
+        raise ConfigError(
+            f"column {name!r} is not an image column: expected Hugging Face Image "
+            f"structs {{bytes, path}}, found {column.type}"
+        )
     sources: list[bytes | str] = []
     for chunk in column.chunks:
         encoded, paths = chunk.field("bytes").to_pylist(), chunk.field("path").to_pylist()
@@ -78,8 +82,7 @@ def _decode(source: bytes | str, size: tuple[int, int] | None) -> np.ndarray:
         return np.asarray(converted, dtype=np.uint8)
 
 
-def decode_images(sources: Sequence[bytes | str],
-                  size: tuple[int, int] | None = None) -> torch.Tensor:
+def decode_images(sources: Sequence[bytes | str], size: tuple[int, int] | None = None) -> torch.Tensor:
     """Encoded images (bytes or paths) → uint8 [N, C, H, W]; C=1 if all are grayscale, else 3.
 
     ``size`` (H, W) resizes every image; without it all images must share one size.
@@ -89,12 +92,13 @@ def decode_images(sources: Sequence[bytes | str],
         raise ConfigError("the dataset holds no images")
     shapes = sorted({array.shape[:2] for array in arrays})
     if len(shapes) > 1:
-        raise ConfigError(f"images have different sizes ({shapes[0][0]}x{shapes[0][1]} and "
-                          f"{shapes[-1][0]}x{shapes[-1][1]}); pass the size option, e.g. size=32")
+        raise ConfigError(
+            f"images have different sizes ({shapes[0][0]}x{shapes[0][1]} and "
+            f"{shapes[-1][0]}x{shapes[-1][1]}); pass the size option, e.g. size=32"
+        )
     if all(array.ndim == 2 for array in arrays):
         return torch.from_numpy(np.stack(arrays)).unsqueeze(1).contiguous()
-    rgb = [np.repeat(array[:, :, None], 3, axis=2) if array.ndim == 2 else array
-           for array in arrays]
+    rgb = [np.repeat(array[:, :, None], 3, axis=2) if array.ndim == 2 else array for array in arrays]
     return torch.from_numpy(np.stack(rgb)).permute(0, 3, 1, 2).contiguous()
 
 
@@ -107,8 +111,9 @@ def label_info(feature: Any, labels: np.ndarray, name: str) -> tuple[int, list[s
     else:
         num_classes, names = int(labels.max(initial=-1)) + 1, None
     if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
-        raise ConfigError(f"label column {name!r} has values outside 0..{num_classes - 1} "
-                          f"(min {labels.min()}, max {labels.max()})")
+        raise ConfigError(
+            f"label column {name!r} has values outside 0..{num_classes - 1} (min {labels.min()}, max {labels.max()})"
+        )
     return num_classes, names
 
 
@@ -117,32 +122,36 @@ def reject_lfs_pointers(files: Sequence[Path]) -> None:
     for file in files:
         with open(file, "rb") as handle:
             if handle.read(len(_LFS_POINTER)) == _LFS_POINTER:
-                raise ConfigError(f"{str(file)!r} is a git-lfs pointer, not the data; run "
-                                  "`git lfs install && git lfs pull` in the clone")
+                raise ConfigError(
+                    f"{str(file)!r} is a git-lfs pointer, not the data; run "
+                    "`git lfs install && git lfs pull` in the clone"
+                )
 
 
 def require_columns(available: Sequence[str], wanted: Sequence[str], where: str) -> None:
     """ConfigError naming the first of ``wanted`` that ``available`` lacks."""
     for column in wanted:
         if column not in available:
-            raise ConfigError(f"{where} has no column {column!r}; its columns: "
-                              f"{', '.join(available)}")
+            raise ConfigError(f"{where} has no column {column!r}; its columns: {', '.join(available)}")
 
 
 # ----------------------------------------------------------------------------- getting the data
 
 
 def _how_to_get(source: HubSource) -> str:
-    return (f"download it on a machine with network: python -c \"import datasets; "
-            f"datasets.load_dataset('{source.hub_id}').save_to_disk('{source.name}')\" and pass "
-            f"--data-dir {source.name}, or git clone (with git-lfs) "
-            f"https://huggingface.co/datasets/{source.hub_id} and pass --data-dir PATH")
+    return (
+        f'download it on a machine with network: python -c "import datasets; '
+        f"datasets.load_dataset('{source.hub_id}').save_to_disk('{source.name}')\" and pass "
+        f"--data-dir {source.name}, or git clone (with git-lfs) "
+        f"https://huggingface.co/datasets/{source.hub_id} and pass --data-dir PATH"
+    )
 
 
 def _unavailable(source: HubSource, reason: str) -> ConfigError:
     reason = " ".join(reason.split())
-    return ConfigError(f"dataset {source.name!r} (hub id {source.hub_id}) is not available: "
-                       f"{reason}; {_how_to_get(source)}")
+    return ConfigError(
+        f"dataset {source.name!r} (hub id {source.hub_id}) is not available: {reason}; {_how_to_get(source)}"
+    )
 
 
 def _hub_reachable() -> bool:
@@ -169,9 +178,12 @@ def _from_hub(source: HubSource) -> dict[str, datasets.Dataset]:
     import datasets
 
     if not datasets.config.HF_HUB_OFFLINE and not _hub_reachable():
-        raise _unavailable(source, f"the Hugging Face Hub ({datasets.config.HF_ENDPOINT}) is "
-                                   "unreachable (set HF_HUB_OFFLINE=1 to use a copy already in "
-                                   "the Hugging Face cache)")
+        raise _unavailable(
+            source,
+            f"the Hugging Face Hub ({datasets.config.HF_ENDPOINT}) is "
+            "unreachable (set HF_HUB_OFFLINE=1 to use a copy already in "
+            "the Hugging Face cache)",
+        )
     try:
         return _as_splits(datasets.load_dataset(source.hub_id))
     except ConnectionError as error:  # offline (or the network dropped) and not cached
@@ -197,14 +209,12 @@ def _from_local_copy(source: HubSource, path: Path) -> dict[str, datasets.Datase
 # ----------------------------------------------------------------------------- the loaders
 
 
-def _pool(splits: dict[str, datasets.Dataset], image_column: str, label_column: str,
-          origin: str) -> TensorDataset:
+def _pool(splits: dict[str, datasets.Dataset], image_column: str, label_column: str, origin: str) -> TensorDataset:
     """The splits concatenated in order into one TensorDataset."""
     first = next(iter(splits.values()))
     require_columns(first.column_names, [image_column, label_column], origin)
     tables = [split.with_format("arrow") for split in splits.values()]
-    sources = [item for table in tables
-               for item in image_sources(table[image_column], image_column)]
+    sources = [item for table in tables for item in image_sources(table[image_column], image_column)]
     labels = np.concatenate([table[label_column].to_numpy() for table in tables]).astype(np.int64)
     num_classes, names = label_info(first.features[label_column], labels, label_column)
     sizes = {name: len(split) for name, split in splits.items()}
@@ -212,13 +222,16 @@ def _pool(splits: dict[str, datasets.Dataset], image_column: str, label_column: 
     info: dict[str, Any] = {"splits": sizes, "label_column": label_column}
     if names is not None:
         info["classes"] = names
-    return TensorDataset(inputs=decode_images(sources), labels=torch.from_numpy(labels),
-                         num_classes=num_classes, source=f"{origin}, splits pooled ({described})",
-                         info=info)
+    return TensorDataset(
+        inputs=decode_images(sources),
+        labels=torch.from_numpy(labels),
+        num_classes=num_classes,
+        source=f"{origin}, splits pooled ({described})",
+        info=info,
+    )
 
 
-def hub_splits(source: HubSource,
-               data_dir: str | None) -> tuple[dict[str, datasets.Dataset], str]:
+def hub_splits(source: HubSource, data_dir: str | None) -> tuple[dict[str, datasets.Dataset], str]:
     """The splits of ``source`` (hub cache, or the local copy ``data_dir``) and their origin."""
     if data_dir is None:
         return _from_hub(source), f"Hugging Face hub {source.hub_id}"
@@ -226,8 +239,7 @@ def hub_splits(source: HubSource,
     return _from_local_copy(source, path), f"{path} (local copy of {source.hub_id})"
 
 
-def load_hub_dataset(source: HubSource, data_dir: str | None,
-                     label_column: str | None = None) -> TensorDataset:
+def load_hub_dataset(source: HubSource, data_dir: str | None, label_column: str | None = None) -> TensorDataset:
     """All splits of ``source`` pooled into one TensorDataset (see the module docstring)."""
     splits, origin = hub_splits(source, data_dir)
     return _pool(splits, source.image_column, label_column or source.label_column, origin)
@@ -262,6 +274,5 @@ def cifar10(data_dir: str | None = None) -> TensorDataset:
 def cifar100(data_dir: str | None = None, label: str = "fine") -> TensorDataset:
     """CIFAR-100 (uoft-cs/cifar100): 60,000 32×32 RGB; label="fine" (100) or "coarse" (20)."""
     if label not in CIFAR100_LABELS:
-        raise ConfigError(f"cifar100 option label must be one of {', '.join(CIFAR100_LABELS)}, "
-                          f"got {label!r}")
+        raise ConfigError(f"cifar100 option label must be one of {', '.join(CIFAR100_LABELS)}, got {label!r}")
     return load_hub_dataset(CIFAR100, data_dir, CIFAR100_LABELS[label])

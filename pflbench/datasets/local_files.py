@@ -4,10 +4,12 @@ Both take the location as ``path``; ``data_dir`` (what ``--data-dir`` passes) is
 same thing. Neither touches the network or the Hugging Face cache; Hugging Face ``datasets`` is
 imported only to read a label column's ``ClassLabel`` feature.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -16,8 +18,7 @@ import torch
 from PIL import Image
 
 from pflbench.data import TensorDataset
-from pflbench.datasets.hub import (decode_images, image_sources, label_info, reject_lfs_pointers,
-                                   require_columns)
+from pflbench.datasets.hub import decode_images, image_sources, label_info, reject_lfs_pointers, require_columns
 from pflbench.errors import ConfigError
 from pflbench.registry import register_dataset
 
@@ -25,12 +26,10 @@ from pflbench.registry import register_dataset
 def _resolve_path(name: str, path: str | None, data_dir: str | None) -> Path:
     """The one location given as ``path`` or ``data_dir``; ConfigError if absent or missing."""
     if path is not None and data_dir is not None and Path(path) != Path(data_dir):
-        raise ConfigError(f"dataset {name!r}: give path or data_dir, not both "
-                          f"(got {path!r} and {data_dir!r})")
+        raise ConfigError(f"dataset {name!r}: give path or data_dir, not both (got {path!r} and {data_dir!r})")
     given = path if path is not None else data_dir
     if given is None:
-        raise ConfigError(f"dataset {name!r} needs a location: --dataset-option path=PATH "
-                          "(or --data-dir PATH)")
+        raise ConfigError(f"dataset {name!r} needs a location: --dataset-option path=PATH (or --data-dir PATH)")
     resolved = Path(given).expanduser().resolve()
     if not resolved.exists():
         raise ConfigError(f"dataset {name!r}: path {str(resolved)!r} does not exist")
@@ -43,8 +42,7 @@ def files_fingerprint(root: Path) -> dict[str, Any]:
     Another folder reached by the same relative name, or a file added, removed, rewritten or
     touched, gives another key, so a stale conversion is never served.
     """
-    files = [root] if root.is_file() else sorted(
-        file for file in root.rglob("*") if file.is_file())
+    files = [root] if root.is_file() else sorted(file for file in root.rglob("*") if file.is_file())
     listing = []
     for file in files:
         stat = file.stat()
@@ -80,21 +78,20 @@ def _parse_size(size: int | str | None) -> tuple[int, int] | None:
 def _class_images(root: Path) -> tuple[list[str], list[Path], list[int]]:
     """Sorted class folder names, and every image file under them with its class index."""
     extensions = set(Image.registered_extensions())
-    classes = sorted(entry.name for entry in root.iterdir()
-                     if entry.is_dir() and not entry.name.startswith("."))
+    classes = sorted(entry.name for entry in root.iterdir() if entry.is_dir() and not entry.name.startswith("."))
     files: list[Path] = []
     labels: list[int] = []
     for label, name in enumerate(classes):
-        found = sorted(file for file in (root / name).rglob("*")
-                       if file.suffix.lower() in extensions and file.is_file())
+        found = sorted(
+            file for file in (root / name).rglob("*") if file.suffix.lower() in extensions and file.is_file()
+        )
         files += found
         labels += [label] * len(found)
     return classes, files, labels
 
 
 @register_dataset("imagefolder")
-def imagefolder(path: str | None = None, data_dir: str | None = None,
-                size: int | str | None = None) -> TensorDataset:
+def imagefolder(path: str | None = None, data_dir: str | None = None, size: int | str | None = None) -> TensorDataset:
     """Images in ``path/<class>/...``; classes sorted by folder name are labels 0..K-1.
 
     ``size`` (N or HxW) resizes every image; without it all images must share one size.
@@ -104,13 +101,17 @@ def imagefolder(path: str | None = None, data_dir: str | None = None,
         raise ConfigError(f"imagefolder path {str(root)!r} is not a directory")
     classes, files, labels = _class_images(root)
     if not files:
-        raise ConfigError(f"imagefolder {str(root)!r} has no images in class sub-folders "
-                          "(expected PATH/<class name>/<image file>)")
+        raise ConfigError(
+            f"imagefolder {str(root)!r} has no images in class sub-folders (expected PATH/<class name>/<image file>)"
+        )
     images = decode_images([str(file) for file in files], _parse_size(size))
     return TensorDataset(
-        inputs=images, labels=torch.tensor(labels, dtype=torch.int64), num_classes=len(classes),
+        inputs=images,
+        labels=torch.tensor(labels, dtype=torch.int64),
+        num_classes=len(classes),
         source=f"image folder {root} ({len(files)} images, {len(classes)} classes)",
-        info={"classes": classes})
+        info={"classes": classes},
+    )
 
 
 imagefolder.cache_key = _fingerprint_of("imagefolder")
@@ -128,8 +129,7 @@ def _read_parquet(root: Path) -> tuple[pa.Table, int]:
     try:
         return pa.concat_tables([pq.read_table(file) for file in files]), len(files)
     except pa.ArrowInvalid as error:
-        raise ConfigError(f"parquet files under {str(root)!r} cannot be read as one table: "
-                          f"{error}") from error
+        raise ConfigError(f"parquet files under {str(root)!r} cannot be read as one table: {error}") from error
 
 
 def _labels(table: pa.Table, column: str) -> tuple[np.ndarray, int, list[str] | None]:
@@ -139,8 +139,7 @@ def _labels(table: pa.Table, column: str) -> tuple[np.ndarray, int, list[str] | 
         names, codes = np.unique(np.asarray(values.to_pylist(), dtype=str), return_inverse=True)
         return codes.astype(np.int64), len(names), names.tolist()
     if not pa.types.is_integer(values.type) or values.null_count:
-        raise ConfigError(f"label column {column!r} must hold integers or strings without "
-                          f"nulls, found {values.type}")
+        raise ConfigError(f"label column {column!r} must hold integers or strings without nulls, found {values.type}")
     import datasets
 
     labels = values.to_numpy().astype(np.int64)
@@ -148,11 +147,13 @@ def _labels(table: pa.Table, column: str) -> tuple[np.ndarray, int, list[str] | 
     return (labels, *label_info(feature, labels, column))
 
 
-def _feature_names(table: pa.Table, requested: str | Sequence[str] | None,
-                   exclude: set[str]) -> list[str]:
+def _feature_names(table: pa.Table, requested: str | Sequence[str] | None, exclude: set[str]) -> list[str]:
     if requested is None:
-        return [field.name for field in table.schema if field.name not in exclude
-                and (pa.types.is_integer(field.type) or pa.types.is_floating(field.type))]
+        return [
+            field.name
+            for field in table.schema
+            if field.name not in exclude and (pa.types.is_integer(field.type) or pa.types.is_floating(field.type))
+        ]
     if isinstance(requested, str):
         return [name.strip() for name in requested.split(",") if name.strip()]
     return list(requested)
@@ -161,23 +162,30 @@ def _feature_names(table: pa.Table, requested: str | Sequence[str] | None,
 def _features(table: pa.Table, names: list[str], where: str) -> torch.Tensor:
     """Numeric columns ``names`` → float32 [N, D]."""
     if not names:
-        raise ConfigError(f"{where} has neither the image column nor numeric feature columns; "
-                          f"its columns: {', '.join(table.column_names)}")
+        raise ConfigError(
+            f"{where} has neither the image column nor numeric feature columns; "
+            f"its columns: {', '.join(table.column_names)}"
+        )
     require_columns(table.column_names, names, where)
     for name in names:
         column = table[name]
         numeric = pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
         if not numeric or column.null_count:
-            raise ConfigError(f"feature column {name!r} must be numeric without nulls, "
-                              f"found {column.type}")
+            raise ConfigError(f"feature column {name!r} must be numeric without nulls, found {column.type}")
     matrix = np.column_stack([table[name].to_numpy() for name in names]).astype(np.float32)
     return torch.from_numpy(matrix)
 
 
 @register_dataset("parquet")
-def parquet(path: str | None = None, data_dir: str | None = None, image_column: str = "image",
-            label_column: str = "label", feature_columns: str | Sequence[str] | None = None,
-            group_column: str | None = None, size: int | str | None = None) -> TensorDataset:
+def parquet(
+    path: str | None = None,
+    data_dir: str | None = None,
+    image_column: str = "image",
+    label_column: str = "label",
+    feature_columns: str | Sequence[str] | None = None,
+    group_column: str | None = None,
+    size: int | str | None = None,
+) -> TensorDataset:
     """A parquet file or folder of them (all pooled): images or a numeric feature table.
 
     With ``image_column`` present (Hugging Face Image structs {bytes, path}) and no
@@ -188,8 +196,7 @@ def parquet(path: str | None = None, data_dir: str | None = None, image_column: 
     root = _resolve_path("parquet", path, data_dir)
     table, num_files = _read_parquet(root)
     where = f"parquet {str(root)!r}"
-    require_columns(table.column_names, [label_column, *([group_column] if group_column else [])],
-                    where)
+    require_columns(table.column_names, [label_column, *([group_column] if group_column else [])], where)
     labels, num_classes, names = _labels(table, label_column)
     info: dict[str, Any] = {"files": num_files}
     if feature_columns is None and image_column in table.column_names:
@@ -201,9 +208,14 @@ def parquet(path: str | None = None, data_dir: str | None = None, image_column: 
     if names is not None:
         info["classes"] = names
     groups = np.asarray(table[group_column].to_pylist()) if group_column else None
-    return TensorDataset(inputs=inputs, labels=torch.from_numpy(labels), num_classes=num_classes,
-                         source=f"parquet {root} ({table.num_rows} rows from {num_files} file(s))",
-                         groups=groups, info=info)
+    return TensorDataset(
+        inputs=inputs,
+        labels=torch.from_numpy(labels),
+        num_classes=num_classes,
+        source=f"parquet {root} ({table.num_rows} rows from {num_files} file(s))",
+        groups=groups,
+        info=info,
+    )
 
 
 parquet.cache_key = _fingerprint_of("parquet")

@@ -18,6 +18,7 @@ samples, see ``pflbench.partition.natural``).
 The hub datasets load like the other hub datasets (``pflbench.datasets.hub``): from the
 Hugging Face cache or a local copy (``--data-dir``), with a one-line error offline.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -49,8 +50,7 @@ def femnist(data_dir: str | None = None) -> TensorDataset:
     """FEMNIST (flwrlabs/femnist): 28×28 handwritten characters, 62 classes, writers as clients."""
     splits, origin = hub_splits(FEMNIST, data_dir)
     first = next(iter(splits.values()))
-    require_columns(first.column_names, [FEMNIST.image_column, FEMNIST.label_column,
-                                         FEMNIST_CLIENT], origin)
+    require_columns(first.column_names, [FEMNIST.image_column, FEMNIST.label_column, FEMNIST_CLIENT], origin)
     dataset = _pool(splits, FEMNIST.image_column, FEMNIST.label_column, origin)
     if dataset.num_classes < FEMNIST_CLASSES:  # a plain int column: the label set is fixed
         dataset.num_classes = FEMNIST_CLASSES
@@ -93,11 +93,14 @@ def shakespeare(data_dir: str | None = None) -> TensorDataset:
     vocab = "".join(chr(c) for c in codes)
     sizes = {name: len(split) for name, split in splits.items()}
     described = ", ".join(f"{name}: {size}" for name, size in sizes.items())
-    return TensorDataset(inputs=inputs, labels=labels, num_classes=len(codes),
-                         source=f"{origin}, splits pooled ({described})",
-                         groups=_group_column(splits, SHAKESPEARE_CLIENT),
-                         info={"splits": sizes, "vocab": vocab, "group_column": SHAKESPEARE_CLIENT,
-                               "task": "next-character prediction"})
+    return TensorDataset(
+        inputs=inputs,
+        labels=labels,
+        num_classes=len(codes),
+        source=f"{origin}, splits pooled ({described})",
+        groups=_group_column(splits, SHAKESPEARE_CLIENT),
+        info={"splits": sizes, "vocab": vocab, "group_column": SHAKESPEARE_CLIENT, "task": "next-character prediction"},
+    )
 
 
 def _pfllib_inputs(x: np.ndarray, where: str) -> tuple[torch.Tensor, str]:
@@ -116,25 +119,36 @@ def _pfllib_inputs(x: np.ndarray, where: str) -> tuple[torch.Tensor, str]:
         return torch.from_numpy(x.astype(np.int64)), "integer token ids"
     if x.ndim == 2:
         return torch.from_numpy(x.astype(np.float32)), "float features"
-    raise ConfigError(f"{where}: x has shape {x.shape[1:]} per sample; expected images "
-                      "[C, H, W] / [H, W], features [D] or token ids [L]")
+    raise ConfigError(
+        f"{where}: x has shape {x.shape[1:]} per sample; expected images "
+        "[C, H, W] / [H, W], features [D] or token ids [L]"
+    )
 
 
 @register_dataset("pfllib")
 def pfllib(data_dir: str | None = None) -> TensorDataset:
     """A PFLlib dataset folder (config.json, train/<i>.npz, test/<i>.npz) with its own clients."""
     if data_dir is None:
-        raise ConfigError("dataset 'pfllib' needs --data-dir FOLDER (PFLlib's dataset/<name> "
-                          "folder holding config.json, train/ and test/)")
+        raise ConfigError(
+            "dataset 'pfllib' needs --data-dir FOLDER (PFLlib's dataset/<name> "
+            "folder holding config.json, train/ and test/)"
+        )
     folder = read_pfllib_folder(data_dir)
     inputs, note = _pfllib_inputs(folder["x"], f"PFLlib folder {data_dir!r}")
     return TensorDataset(
-        inputs=inputs, labels=torch.from_numpy(folder["y"]), num_classes=folder["num_classes"],
+        inputs=inputs,
+        labels=torch.from_numpy(folder["y"]),
+        num_classes=folder["num_classes"],
         source=f"PFLlib folder {data_dir} ({len(folder['train'])} clients, {note})",
         groups=folder["client"],
-        info={"client_splits": {"train": [s.tolist() for s in folder["train"]],
-                                "test": [s.tolist() for s in folder["test"]]},
-              "group_column": "PFLlib client"})
+        info={
+            "client_splits": {
+                "train": [s.tolist() for s in folder["train"]],
+                "test": [s.tolist() for s in folder["test"]],
+            },
+            "group_column": "PFLlib client",
+        },
+    )
 
 
 pfllib.cacheable = False  # reading the .npz files is quick, and a regenerated folder must show

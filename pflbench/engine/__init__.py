@@ -9,22 +9,65 @@
 - ``observers``: ``RunObserver`` (progress bar, writer, tests)
 - ``personalize``: test-time personalization through the executor (``FineTuneProgram``)
 """
+
 from __future__ import annotations
 
 from .algorithm import Algorithm, ClientProgram
 from .executor import EXECUTORS, Executor, SequentialExecutor
-from .local import (LocalResult, LocalTrainer, apply_gradients, build_optimizer, mean_terms,
-                    standard_local_update)
 from .federation import Diverged, Federation, mean_loss_terms
+from .local import LocalResult, LocalTrainer, apply_gradients, build_optimizer, mean_terms, standard_local_update
 from .observers import Observer, RunObserver
 from .personalize import FineTuneProgram, personalize
 from .state import ClientStateStore
-from .types import (ClientJob, ClientUpdate, EvalJob, Forward, LocalPhase, NoHyperparameters,
-                    OptimizerSpec, ParamGroup, ParamLayout, Tensors, load_into, sample_weights,
-                    tensor_bytes, weighted_average)
+from .types import (
+    ClientJob,
+    ClientUpdate,
+    EvalJob,
+    Forward,
+    LocalPhase,
+    NoHyperparameters,
+    OptimizerSpec,
+    ParamGroup,
+    ParamLayout,
+    Tensors,
+    load_into,
+    sample_weights,
+    tensor_bytes,
+    weighted_average,
+)
 
-__all__ = ["LocalResult", "LocalTrainer", "apply_gradients", "mean_terms", "standard_local_update", "Algorithm", "ClientProgram", "EXECUTORS", "Executor", "SequentialExecutor",
-           "build_optimizer", "Diverged", "Federation", "mean_loss_terms", "Observer", "RunObserver",
-           "ClientStateStore", "FineTuneProgram", "personalize", "ClientJob", "ClientUpdate", "EvalJob", "Forward", "LocalPhase",
-           "NoHyperparameters", "OptimizerSpec", "ParamGroup", "ParamLayout", "Tensors",
-           "load_into", "sample_weights", "tensor_bytes", "weighted_average"]
+__all__ = [
+    "LocalResult",
+    "LocalTrainer",
+    "apply_gradients",
+    "mean_terms",
+    "standard_local_update",
+    "Algorithm",
+    "ClientProgram",
+    "EXECUTORS",
+    "Executor",
+    "SequentialExecutor",
+    "build_optimizer",
+    "Diverged",
+    "Federation",
+    "mean_loss_terms",
+    "Observer",
+    "RunObserver",
+    "ClientStateStore",
+    "FineTuneProgram",
+    "personalize",
+    "ClientJob",
+    "ClientUpdate",
+    "EvalJob",
+    "Forward",
+    "LocalPhase",
+    "NoHyperparameters",
+    "OptimizerSpec",
+    "ParamGroup",
+    "ParamLayout",
+    "Tensors",
+    "load_into",
+    "sample_weights",
+    "tensor_bytes",
+    "weighted_average",
+]

@@ -11,6 +11,7 @@ reference to the server. From what the server sent and the client's private stat
 the model state (``assemble``), names its training phases and loss terms, describes its optimizer
 as data and says what it uploads and keeps.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -23,9 +24,19 @@ from ..errors import ConfigError
 from .local import LocalResult, LocalTrainer, standard_local_update
 from .state import ClientStateStore
 from .streaming import StreamingWeightedAverage
-from .types import (ClientUpdate, Forward, LocalPhase, NoHyperparameters, OptimizerSpec,
-                    ParamGroup, ParamLayout, Tensors, clone_tensors, sample_weights,
-                    weighted_average)
+from .types import (
+    ClientUpdate,
+    Forward,
+    LocalPhase,
+    NoHyperparameters,
+    OptimizerSpec,
+    ParamGroup,
+    ParamLayout,
+    Tensors,
+    clone_tensors,
+    sample_weights,
+    weighted_average,
+)
 
 if TYPE_CHECKING:
     from ..config import LocalSpec, RunConfig
@@ -52,8 +63,9 @@ class ClientProgram(Generic[H]):
         """Default: ``--local-epochs`` epochs over every trainable parameter."""
         return [LocalPhase(self.local.epochs, frozenset(self.layout.trainable))]
 
-    def loss_terms(self, forward: Forward, params: Tensors, inputs: torch.Tensor,
-                   targets: torch.Tensor, received: Tensors) -> dict[str, torch.Tensor]:
+    def loss_terms(
+        self, forward: Forward, params: Tensors, inputs: torch.Tensor, targets: torch.Tensor, received: Tensors
+    ) -> dict[str, torch.Tensor]:
         """Named loss terms, pure in ``params``; Σ ``loss_weights[name]``·term is minimised and
         each term is logged. ``received`` is what the server sent."""
         return {"task": F.cross_entropy(forward(params, inputs), targets)}
@@ -69,8 +81,13 @@ class ClientProgram(Generic[H]):
     def optimizer(self) -> OptimizerSpec:
         """The local optimizer as data (default: ``--optimizer`` with ``--lr`` etc.)."""
         local = self.local
-        return OptimizerSpec(kind=local.optimizer, lr=local.lr, momentum=local.momentum,
-                             weight_decay=local.weight_decay, max_grad_norm=self.max_grad_norm)
+        return OptimizerSpec(
+            kind=local.optimizer,
+            lr=local.lr,
+            momentum=local.momentum,
+            weight_decay=local.weight_decay,
+            max_grad_norm=self.max_grad_norm,
+        )
 
     def upload(self, state: Tensors, received: Tensors) -> Tensors:
         """Default: a copy of the shared tensors after local training."""
@@ -129,13 +146,13 @@ class Algorithm(Generic[H]):
         rank = cls.lora_rank(config, hparams)
         if rank is None:
             return {}
-        adapted = apply_lora(model, rank, config.lora_alpha, parse_targets(config.lora_targets),
-                             head_layers=config.head_layers)
+        adapted = apply_lora(
+            model, rank, config.lora_alpha, parse_targets(config.lora_targets), head_layers=config.head_layers
+        )
         return {"lora": {"rank": rank, "alpha": config.lora_alpha, "adapted_layers": adapted}}
 
     # ---- state ---------------------------------------------------------------------------
-    def __init__(self, config: RunConfig, hparams: H, model: nn.Module,
-                 num_train: list[int]) -> None:
+    def __init__(self, config: RunConfig, hparams: H, model: nn.Module, num_train: list[int]) -> None:
         self.config, self.hparams = config, hparams
         self.model = model  # the initial model, read for its structure only (never the transport)
         self.num_train = num_train
@@ -150,13 +167,13 @@ class Algorithm(Generic[H]):
         self.initial_state = clone_tensors(tensors)  # before extra_private_state, which may read it
         extra = self.extra_private_state()
         self.store = ClientStateStore({**{n: tensors[n].detach().clone() for n in private}, **extra})
-        if extra and not self.personal_model_is_received and \
-                type(self).personal_model is Algorithm.personal_model:
+        if extra and not self.personal_model_is_received and type(self).personal_model is Algorithm.personal_model:
             raise ConfigError(
                 f"{type(self).__name__} keeps per-client state outside the model "
                 f"({', '.join(sorted(extra)[:3])}) but does not override personal_model: its pers_acc "
                 "would silently be the received model's. Override personal_model, or set "
-                "personal_model_is_received = True if that is what its paper evaluates")
+                "personal_model_is_received = True if that is what its paper evaluates"
+            )
         self.program = self.make_program()
 
     def make_program(self) -> ClientProgram:
@@ -268,10 +285,10 @@ class Algorithm(Generic[H]):
             elif kind == "attr":
                 setattr(self, rest, tensor.to(device))
             elif kind == "attrdict":
-                name, _, key = rest.partition("/")
-                getattr(self, name)[key] = tensor.to(device)
-        for k, state in states.items():
-            self.store.put(k, state)
+                attribute, _, key = rest.partition("/")
+                getattr(self, attribute)[key] = tensor.to(device)
+        for client, state in states.items():
+            self.store.put(client, state)
         for name, value in meta["attributes"].items():
             setattr(self, name, value)
 

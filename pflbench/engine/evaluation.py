@@ -10,6 +10,7 @@ captured with a forward pre-hook, and the split is used only if that module is c
 its output is the model's output, bit for bit, on the first batch. Otherwise, or when the
 varying tensors are not a head, evaluation stays per client.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -78,7 +79,8 @@ def _features(model: nn.Module, split: HeadSplit, inputs: torch.Tensor) -> tuple
         return model.run_stages(inputs, 0, split.body), None
     captured: list[torch.Tensor] = []
     handle = model.get_submodule(split.module).register_forward_pre_hook(
-        lambda module, args: captured.append(args[0]) if len(args) == 1 else captured.append(None))
+        lambda module, args: captured.append(args[0]) if len(args) == 1 else captured.append(None)
+    )
     try:
         output = model(inputs)
     finally:
@@ -99,8 +101,7 @@ def _head(model: nn.Module, split: HeadSplit, features: torch.Tensor) -> torch.T
 
 
 @torch.no_grad()
-def evaluate_heads(model: nn.Module, tensors: Tensors, data, split: HeadSplit,
-                   batch: int = 256) -> np.ndarray | None:
+def evaluate_heads(model: nn.Module, tensors: Tensors, data, split: HeadSplit, batch: int = 256) -> np.ndarray | None:
     """Correct test predictions of each client (in client order) under ``split``; ``tensors``
     are ``model``'s live tensors (loaded in place). None if a hook split turns out not to hold."""
     model.eval()
@@ -108,7 +109,7 @@ def evaluate_heads(model: nn.Module, tensors: Tensors, data, split: HeadSplit,
     everyone = torch.cat(data.test_indices)
     features, targets = [], []
     for start in range(0, len(everyone), batch):
-        inputs, labels = data.gather(everyone[start:start + batch])
+        inputs, labels = data.gather(everyone[start : start + batch])
         try:
             head_input, output = _features(model, split, inputs)
         except _NoSplit:
@@ -123,7 +124,7 @@ def evaluate_heads(model: nn.Module, tensors: Tensors, data, split: HeadSplit,
     for k, head in enumerate(split.heads):
         count = data.num_test[k]
         load_into(tensors, head)
-        logits = _head(model, split, body_output[offset:offset + count])
-        correct[k] = int((logits.argmax(dim=1) == labels[offset:offset + count]).sum())
+        logits = _head(model, split, body_output[offset : offset + count])
+        correct[k] = int((logits.argmax(dim=1) == labels[offset : offset + count]).sum())
         offset += count
     return correct

@@ -4,10 +4,12 @@
 ``program.assemble(received, private)`` into the model in place, runs the local phases (the
 batch loop) and reads the upload and the new private state back out.
 """
+
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Iterator, Protocol, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -39,8 +41,9 @@ class SequentialExecutor:
     def __init__(self, model: nn.Module, data: FederatedData) -> None:
         self.model, self.data = model, data
         self.tensors: Tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-        self._test_owner = torch.cat([torch.full((n,), k, dtype=torch.long, device=data.device)
-                                      for k, n in enumerate(data.num_test)])
+        self._test_owner = torch.cat(
+            [torch.full((n,), k, dtype=torch.long, device=data.device) for k, n in enumerate(data.num_test)]
+        )
         self._all_test = torch.cat(data.test_indices)
 
     def train(self, program: ClientProgram, jobs: Sequence[ClientJob]) -> list[ClientUpdate]:
@@ -54,21 +57,24 @@ class SequentialExecutor:
     def train_one(self, program: ClientProgram, job: ClientJob) -> ClientUpdate:
         """Load the client's model, run its local update, read back upload and private state."""
         assembled = program.assemble(job.received, job.private)
-        load_into(self.tensors, {n: t for n, t in assembled.items() if n in self.tensors})  # extra state stays in the job
+        load_into(
+            self.tensors, {n: t for n, t in assembled.items() if n in self.tensors}
+        )  # extra state stays in the job
         torch.manual_seed(derive_seed(job.seed, "dropout"))  # dropout and friends: per job
         trainer = LocalTrainer(self.model, self.data, job, program.local.batch_size)
         result = program.local_update(trainer)
         upload = result.upload if result.upload is not None else program.upload(self.tensors, job.received)
         private = result.private if result.private is not None else program.private_state(self.tensors, job.private)
-        return ClientUpdate(job.client_id, self.data.num_train[job.client_id], upload,
-                            result.loss_terms, result.loss, private)
+        return ClientUpdate(
+            job.client_id, self.data.num_train[job.client_id], upload, result.loss_terms, result.loss, private
+        )
 
     @torch.no_grad()
     def _count_correct(self, indices: torch.Tensor, batch: int = 1024) -> torch.Tensor:
         """Per-sample correctness (bool) of the working model on ``indices``."""
         hits = []
         for start in range(0, len(indices), batch):
-            inputs, targets = self.data.gather(indices[start:start + batch])
+            inputs, targets = self.data.gather(indices[start : start + batch])
             hits.append(self.model(inputs).argmax(dim=1) == targets)
         return torch.cat(hits) if hits else torch.zeros(0, dtype=torch.bool, device=self.data.device)
 
@@ -92,8 +98,12 @@ class SequentialExecutor:
                 indices, owner = self._all_test, self._test_owner
             else:
                 indices = torch.cat([self.data.test_indices[k] for k in job.client_ids])
-                owner = torch.cat([torch.full((self.data.num_test[k],), i, dtype=torch.long, device=self.data.device)
-                                   for i, k in enumerate(job.client_ids)])
+                owner = torch.cat(
+                    [
+                        torch.full((self.data.num_test[k],), i, dtype=torch.long, device=self.data.device)
+                        for i, k in enumerate(job.client_ids)
+                    ]
+                )
             correct = torch.zeros(len(job.client_ids), dtype=torch.long, device=self.data.device)
             correct.index_add_(0, owner, self._count_correct(indices).long())
             results.append(correct.cpu().numpy())
@@ -125,13 +135,12 @@ def _require_ray() -> None:
 
 def make_executor(name: str, model: nn.Module, data: FederatedData, config: object = None) -> Executor:
     """Build executor ``name``; a class with ``from_config(model, data, config)`` reads its options."""
-    factory = EXECUTORS[name]
+    factory: Any = EXECUTORS[name]
     if isinstance(factory, LazyExecutor):
         factory.check()
         factory = factory.load()
     from_config = getattr(factory, "from_config", None)
-    return from_config(model, data, config) if from_config is not None and config is not None \
-        else factory(model, data)
+    return from_config(model, data, config) if from_config is not None and config is not None else factory(model, data)
 
 
 EXECUTORS: dict[str, object] = {

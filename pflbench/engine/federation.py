@@ -1,11 +1,13 @@
 """The one round loop: sample → jobs → executor → aggregate → evaluate → observers."""
+
 from __future__ import annotations
 
 import dataclasses
 import math
 import resource
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -61,8 +63,9 @@ class Federation:
     ``next_round``, the byte totals and ``client_accuracy`` are the loop's own state between
     rounds (with ``sampling_rng`` and the algorithm's state: what a checkpoint saves)."""
 
-    def __init__(self, algorithm: Algorithm, executor: Executor, num_test: Sequence[int],
-                 observers: Sequence[RunObserver] = ()) -> None:
+    def __init__(
+        self, algorithm: Algorithm, executor: Executor, num_test: Sequence[int], observers: Sequence[RunObserver] = ()
+    ) -> None:
         self.algorithm, self.executor, self.observers = algorithm, executor, list(observers)
         self.config = algorithm.config
         self.num_test = np.asarray(num_test)
@@ -82,8 +85,16 @@ class Federation:
         (``Algorithm.streaming_aggregate``) each upload is folded in as it arrives and the
         returned updates keep no params (memory: the private states, not every upload)."""
         algorithm = self.algorithm
-        jobs = [ClientJob(k, round_index, derive_seed(self.config.seed, "train", round_index, k),
-                          algorithm.broadcast(k), algorithm.store.get(k)) for k in sampled]
+        jobs = [
+            ClientJob(
+                k,
+                round_index,
+                derive_seed(self.config.seed, "train", round_index, k),
+                algorithm.broadcast(k),
+                algorithm.store.get(k),
+            )
+            for k in sampled
+        ]
         self._bytes_down = sum(tensor_bytes(job.received) for job in jobs)
         self._bytes_up = 0
         stream = algorithm.streaming_aggregate([self.num_train[k] for k in sampled])
@@ -111,6 +122,7 @@ class Federation:
         algorithm, num_clients = self.algorithm, self.config.num_clients
         everyone = tuple(range(num_clients))
         adaptation = algorithm.personalization_program()
+        global_correct: np.ndarray | None
         if algorithm.clients_share_one_model() and adaptation is None:
             (correct,) = self.executor.evaluate(algorithm.program, [EvalJob(algorithm.global_model(), everyone)])
             global_correct = correct
@@ -123,14 +135,16 @@ class Federation:
                 correct_parts = [heads] if heads is not None else []
                 del personal
             else:
-                jobs, correct_parts = [], [self.personalized_correct(
-                    adaptation, algorithm.personal_model, "personalize", round_index)]
+                jobs, correct_parts = (
+                    [],
+                    [self.personalized_correct(adaptation, algorithm.personal_model, "personalize", round_index)],
+                )
             if algorithm.has_global_model:
                 jobs.append(EvalJob(algorithm.global_model(), everyone))
             results = self.executor.evaluate(algorithm.program, jobs) if jobs else []
-            correct = np.concatenate(correct_parts + results[:len(results) - algorithm.has_global_model])
+            correct = np.concatenate(correct_parts + results[: len(results) - algorithm.has_global_model])
             global_correct = results[-1] if algorithm.has_global_model else None
-        metrics = accuracy_metrics(correct, self.num_test)
+        metrics: dict[str, Any] = dict(accuracy_metrics(correct, self.num_test))
         metrics["global_acc"] = None
         if algorithm.has_global_model and global_correct is not None:
             # float32 division, as torch's mean over the per-sample hits gave it
@@ -138,16 +152,14 @@ class Federation:
             metrics["global_acc"] = float(hits / int(self.num_test.sum()))
         return metrics, correct / self.num_test
 
-    def personalized_correct(self, program: Any, model_of: Any, stream: str,
-                             round_index: int) -> np.ndarray:
+    def personalized_correct(self, program: Any, model_of: Any, stream: str, round_index: int) -> np.ndarray:
         """Correct test predictions per client of ``program`` run on ``model_of(k)`` over client
         k's train split (through the executor, in chunks so memory stays bounded)."""
         correct = []
         for start in range(0, self.config.num_clients, PERSONALIZE_CHUNK):
             clients = list(range(start, min(start + PERSONALIZE_CHUNK, self.config.num_clients)))
             seeds = [derive_seed(self.config.seed, stream, round_index, k) for k in clients]
-            states = personalize(self.executor, program, [model_of(k) for k in clients], clients,
-                                 seeds, round_index)
+            states = personalize(self.executor, program, [model_of(k) for k in clients], clients, seeds, round_index)
             results = self.executor.evaluate(program, [EvalJob(s, (k,)) for s, k in zip(states, clients)])
             correct.extend(results)
         return np.concatenate(correct)
@@ -156,8 +168,7 @@ class Federation:
         """``--finetune-epochs E`` (FedAvg-FT protocol): the global model fine-tuned for E epochs on
         each client's train split (the run's local optimizer), tested on the client's test split."""
         algorithm = self.algorithm
-        program = FineTuneProgram(algorithm.layout.trainable, self.config.local_spec,
-                                  self.config.finetune_epochs)
+        program = FineTuneProgram(algorithm.layout.trainable, self.config.local_spec, self.config.finetune_epochs)
         global_state: Tensors = algorithm.global_model()
         correct = self.personalized_correct(program, lambda k: global_state, "finetune", round_index)
         metrics = accuracy_metrics(correct, self.num_test)
@@ -179,8 +190,12 @@ class Federation:
             self.bytes_down_total += bytes_down
             record: dict[str, Any] = {"round": round_index, "clients": sampled}
             record.update(mean_loss_terms(updates))
-            record.update(bytes_up=bytes_up, bytes_down=bytes_down,
-                          bytes_up_cum=self.bytes_up_total, bytes_down_cum=self.bytes_down_total)
+            record.update(
+                bytes_up=bytes_up,
+                bytes_down=bytes_down,
+                bytes_up_cum=self.bytes_up_total,
+                bytes_down_cum=self.bytes_down_total,
+            )
             record.update(algorithm.round_diagnostics(updates))
             record["round_time_s"] = time.perf_counter() - started
             if round_index % config.resolved_eval_every == 0 or round_index == config.rounds:
@@ -189,8 +204,9 @@ class Federation:
                 record.update(metrics, eval_time_s=time.perf_counter() - eval_started)
             if round_index == config.rounds and config.finetune_epochs > 0 and algorithm.has_global_model:
                 finetune_started = time.perf_counter()
-                record.update(self.finetune_metrics(round_index),
-                              finetune_time_s=time.perf_counter() - finetune_started)
+                record.update(
+                    self.finetune_metrics(round_index), finetune_time_s=time.perf_counter() - finetune_started
+                )
             record["peak_mem_mb"] = peak_memory_mb(self.executor)
             self.next_round = round_index + 1
             for observer in self.observers:

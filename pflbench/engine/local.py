@@ -7,10 +7,12 @@ A ``ClientProgram`` normally only names phases, loss terms and its optimizer; th
 ``ClientProgram.local_update`` and builds it from the trainer's primitives: ``forward``,
 ``epoch``, ``optimizer``, ``train_only`` and the live ``state``.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -27,8 +29,7 @@ if TYPE_CHECKING:
 def build_optimizer(spec: OptimizerSpec, params: dict[str, nn.Parameter]) -> torch.optim.Optimizer:
     """A ``torch.optim`` optimizer from its description; groups keep ``params``' order."""
     grouped = {n for group in spec.groups for n in group.names}
-    groups = [([p for n, p in params.items() if n in group.names], group.lr or spec.lr)
-              for group in spec.groups]
+    groups = [([p for n, p in params.items() if n in group.names], group.lr or spec.lr) for group in spec.groups]
     rest = [p for n, p in params.items() if n not in grouped]
     if not spec.groups:
         arguments: list = rest
@@ -92,8 +93,7 @@ class LocalTrainer:
     def snapshot(self, names: tuple[str, ...] | list[str]) -> Tensors:
         return {n: self.state[n].detach().clone() for n in names}
 
-    def gradient(self, params: Tensors, inputs: torch.Tensor,
-                 targets: torch.Tensor) -> tuple[torch.Tensor, Tensors]:
+    def gradient(self, params: Tensors, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, Tensors]:
         """(loss, ∇loss) of the cross-entropy of the model with ``params`` (any tensors of the
         parameters' names; the live buffers) on one batch, without touching ``.grad``. For
         updates written as explicit gradient formulas (pFedMe, Per-FedAvg, APFL, Ditto)."""
@@ -114,8 +114,9 @@ class LocalTrainer:
         return count - 1 if batch > 1 and count > 1 and size - (count - 1) * batch == 1 else count
 
 
-def apply_gradients(optimizer: torch.optim.Optimizer, params: Tensors, gradients: Tensors,
-                    max_grad_norm: float | None = None) -> None:
+def apply_gradients(
+    optimizer: torch.optim.Optimizer, params: Tensors, gradients: Tensors, max_grad_norm: float | None = None
+) -> None:
     """One ``optimizer`` step on ``params`` with the given gradients (optionally clipped to
     ``max_grad_norm`` as a whole): for updates whose direction is not ∇ of one loss."""
     for name, param in params.items():
@@ -141,8 +142,8 @@ def standard_local_update(program: ClientProgram, trainer: LocalTrainer) -> Loca
         optimizer = trainer.optimizer(spec, trainable)
         for _ in range(phase.epochs):
             for inputs, targets in trainer.epoch():
-                terms = program.loss_terms(trainer.forward, trainer.params, inputs, targets, job.received)
-                loss = sum(program.loss_weights.get(n, 1.0) * t for n, t in terms.items())
+                terms = program.loss_terms(trainer.forward, trainer.params, inputs, targets, job.received)  # type: ignore[arg-type]
+                loss: torch.Tensor = sum(program.loss_weights.get(n, 1.0) * t for n, t in terms.items())  # type: ignore[assignment]
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if spec.max_grad_norm is not None:

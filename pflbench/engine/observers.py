@@ -1,4 +1,5 @@
 """Observers see a run without changing it: progress bar, result writer, tests."""
+
 from __future__ import annotations
 
 from typing import Any, Protocol

@@ -8,6 +8,7 @@ computed like any local update: a ``ClientJob`` whose ``received`` is the model 
 uploads the whole resulting model state, which is then evaluated. Nothing of this is communication
 (no bytes are counted) and the client state store is not touched.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -28,8 +29,9 @@ class FineTuneProgram(ClientProgram[NoHyperparameters]):
     It uses only the default ``local_update``, so every executor that runs plain local training
     can run it."""
 
-    def __init__(self, trainable: tuple[str, ...], local: LocalSpec, epochs: int,
-                 names: frozenset[str] | None = None) -> None:
+    def __init__(
+        self, trainable: tuple[str, ...], local: LocalSpec, epochs: int, names: frozenset[str] | None = None
+    ) -> None:
         layout = ParamLayout(trainable=tuple(trainable), shared=(), private=())
         super().__init__(layout, NoHyperparameters(), local)
         self.epochs = epochs
@@ -46,10 +48,15 @@ class FineTuneProgram(ClientProgram[NoHyperparameters]):
         return {}
 
 
-def personalize(executor: Executor, program: ClientProgram, states: Sequence[Tensors],
-                client_ids: Sequence[int], seeds: Sequence[int], round_index: int) -> list[Tensors]:
+def personalize(
+    executor: Executor,
+    program: ClientProgram,
+    states: Sequence[Tensors],
+    client_ids: Sequence[int],
+    seeds: Sequence[int],
+    round_index: int,
+) -> list[Tensors]:
     """Run ``program`` on each client's train split starting from ``states[i]``; returns the
     uploaded (personalized) states, in order."""
-    jobs = [ClientJob(k, round_index, seed, state, {})
-            for k, state, seed in zip(client_ids, states, seeds)]
+    jobs = [ClientJob(k, round_index, seed, state, {}) for k, state, seed in zip(client_ids, states, seeds)]
     return [update.params for update in executor.train(program, jobs)]

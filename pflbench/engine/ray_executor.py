@@ -16,14 +16,16 @@ replacement actor built from the same model and data; a job is deterministic, so
 numbers are those of an undisturbed run. Actors are returned to a per-process pool when the run
 ends (``close``), so runs one after another (a sweep) do not pay the actor start-up again.
 """
+
 from __future__ import annotations
 
 import collections
 import copy
 import hashlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -117,8 +119,9 @@ class ClientWorker:
         self.executor = SequentialExecutor(model.to(device), data_to(data, device))
         self.program_key, self.program, self.store_key, self.store = "", None, "", {}
 
-    def _context(self, program_key: str, program_box: list, store_key: str, store_box: list
-                 ) -> tuple[ClientProgram, Tensors]:
+    def _context(
+        self, program_key: str, program_box: list, store_key: str, store_box: list
+    ) -> tuple[ClientProgram, Tensors]:
         import ray
 
         if program_key != self.program_key:
@@ -132,18 +135,27 @@ class ClientWorker:
         device = self.executor.data.device
         updates = []
         for client_id, round_index, seed, received, private in jobs:
-            update = self.executor.train_one(program, ClientJob(client_id, round_index, seed,
-                                                                unpack(received, store, device),
-                                                                unpack(private, store, device)))
-            updates.append(replace(update, params={n: t.detach().cpu() for n, t in update.params.items()},
-                                   private={n: t.detach().cpu() for n, t in update.private.items()}))
+            update = self.executor.train_one(
+                program,
+                ClientJob(
+                    client_id, round_index, seed, unpack(received, store, device), unpack(private, store, device)
+                ),
+            )
+            updates.append(
+                replace(
+                    update,
+                    params={n: t.detach().cpu() for n, t in update.params.items()},
+                    private={n: t.detach().cpu() for n, t in update.private.items()},
+                )
+            )
         return updates
 
     def evaluate(self, context: tuple, jobs: list[tuple]) -> list[np.ndarray]:
         program, store = self._context(*context)
         device = self.executor.data.device
-        return self.executor.evaluate(program, [EvalJob(unpack(state, store, device), client_ids)
-                                                for state, client_ids in jobs])
+        return self.executor.evaluate(
+            program, [EvalJob(unpack(state, store, device), client_ids) for state, client_ids in jobs]
+        )
 
 
 _POOL: dict[tuple, list] = {}  # idle actors of this process, by (ray job, cpus, gpus)
@@ -179,13 +191,20 @@ class RayExecutor:
         workers = config.ray_workers or (gpus if use_gpu else cluster_cpus(ray))
         available = gpus if use_gpu else cluster_cpus(ray)
         if workers > available:  # more actors than the cluster can place would wait forever
-            raise ConfigError(f"--ray-workers {workers}: the Ray cluster has only {available} "
-                              f"{'GPUs' if use_gpu else 'CPUs'}")
+            raise ConfigError(
+                f"--ray-workers {workers}: the Ray cluster has only {available} {'GPUs' if use_gpu else 'CPUs'}"
+            )
         workers = max(1, min(workers, config.sampled_per_round))
         return cls(model, data, workers, gpus_per_worker=min(1.0, gpus / workers) if use_gpu else 0.0)
 
-    def __init__(self, model: nn.Module, data: FederatedData, num_workers: int = 2,
-                 cpus_per_worker: int = 1, gpus_per_worker: float = 0.0) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        data: FederatedData,
+        num_workers: int = 2,
+        cpus_per_worker: int = 1,
+        gpus_per_worker: float = 0.0,
+    ) -> None:
         from ..ray_support import connect, ship_plugins_by_value
 
         self.ray = connect()
@@ -231,13 +250,16 @@ class RayExecutor:
         if not items:
             return []
         size = -(-len(items) // (len(self.actors) * CALLS_PER_WORKER))
-        chunks = [items[i:i + size] for i in range(0, len(items), size)]
+        chunks = [items[i : i + size] for i in range(0, len(items), size)]
         ray = self.ray
         from ray.exceptions import RayActorError
 
         store_ref = ray.put(store) if store else None
-        context = (*self._program_context(program), store_ref.hex() if store_ref else "",
-                   [store_ref] if store_ref else [])
+        context = (
+            *self._program_context(program),
+            store_ref.hex() if store_ref else "",
+            [store_ref] if store_ref else [],
+        )
         results: list[Any] = [None] * len(chunks)
         queue, attempts = collections.deque(range(len(chunks))), collections.Counter()
         pending: dict[Any, tuple[int, Any, int]] = {}
@@ -271,13 +293,18 @@ class RayExecutor:
     def train(self, program: ClientProgram, jobs: Sequence[ClientJob]) -> list[ClientUpdate]:
         dicts = [d for job in jobs for d in (job.received, job.private)]
         store, packed = pack(dicts)
-        items = [(job.client_id, job.round, job.seed, packed[2 * i], packed[2 * i + 1])
-                 for i, job in enumerate(jobs)]
+        items = [(job.client_id, job.round, job.seed, packed[2 * i], packed[2 * i + 1]) for i, job in enumerate(jobs)]
         updates = self._map("train", program, items, store)
         device = self.data.device
         if device.type != "cpu":
-            updates = [replace(u, params={n: t.to(device) for n, t in u.params.items()},
-                               private={n: t.to(device) for n, t in u.private.items()}) for u in updates]
+            updates = [
+                replace(
+                    u,
+                    params={n: t.to(device) for n, t in u.params.items()},
+                    private={n: t.to(device) for n, t in u.private.items()},
+                )
+                for u in updates
+            ]
         return updates
 
     def evaluate(self, program: ClientProgram, jobs: Sequence[EvalJob]) -> list[np.ndarray]:

@@ -1,4 +1,5 @@
 """Each client's private tensors between rounds."""
+
 from __future__ import annotations
 
 from .types import Tensors, tensor_bytes

@@ -6,6 +6,7 @@ round's total of samples is known up front, the average is a running sum in arri
 order with the same weights and kernels as ``weighted_average``: bit-for-bit the same result,
 with memory of one model instead of one per client.
 """
+
 from __future__ import annotations
 
 import torch

@@ -4,10 +4,11 @@ Everything here is picklable: a ``ClientJob`` goes to an executor (in this proce
 batch or a Ray worker), a ``ClientUpdate`` comes back. The optimizer is described as data
 (``OptimizerSpec``), so an executor that does not use ``torch.optim`` can run it.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 import torch
 

@@ -15,6 +15,7 @@ What it cannot host is refused when the run is prepared (``check_algorithm``), n
 sequentially. On a GPU personal models are evaluated together (``evaluate``); the head split and
 shared models as in the sequential executor.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
@@ -52,8 +53,10 @@ def unsupported_reason(algorithm, model: nn.Module) -> str | None:
     state = program.assemble(algorithm.broadcast(0), algorithm.store.get(0))
     odd = sorted(n for n, t in state.items() if n not in floats or not t.is_floating_point())
     if odd:
-        return (f"{name} gives each client model state that is not a float parameter or buffer "
-                f"({', '.join(odd[:3])}; e.g. per-client LoRA ranks) and cannot be stacked")
+        return (
+            f"{name} gives each client model state that is not a float parameter or buffer "
+            f"({', '.join(odd[:3])}; e.g. per-client LoRA ranks) and cannot be stacked"
+        )
     phases = [[p.trainable for p in program.local_phases(k)] for k in range(algorithm.config.num_clients)]
     if any(p != phases[0] for p in phases):
         return f"{name}'s clients train different parameter subsets (local_phases differ per client)"
@@ -90,7 +93,7 @@ class VmapExecutor(SequentialExecutor):
 
     def train_iter(self, program: ClientProgram, jobs: Sequence[ClientJob]) -> Iterator[ClientUpdate]:
         for start in range(0, len(jobs), MAX_CLIENTS_AT_ONCE):
-            yield from self.train_together(program, jobs[start:start + MAX_CLIENTS_AT_ONCE])
+            yield from self.train_together(program, jobs[start : start + MAX_CLIENTS_AT_ONCE])
 
     def train_together(self, program: ClientProgram, jobs: Sequence[ClientJob]) -> list[ClientUpdate]:
         """One chunk of clients. Every client's batches are drawn first (its job's generator, phase
@@ -103,39 +106,80 @@ class VmapExecutor(SequentialExecutor):
         plans: list[list[list[torch.Tensor]]] = []  # client → phase → batches (its own epochs)
         for job in jobs:
             generator = torch.Generator().manual_seed(job.seed)
-            plans.append([[batch for _ in range(phase.epochs)
-                           for batch in self.data.train_batch_indices(job.client_id, batch_size, generator)]
-                          for phase in program.local_phases(job.client_id)])
-        order = sorted(range(len(jobs)), key=lambda i: [[-len(p) for p in plans[i]],
-                                                        [[len(b) for b in p] for p in plans[i]]])
+            plans.append(
+                [
+                    [
+                        batch
+                        for _ in range(phase.epochs)
+                        for batch in self.data.train_batch_indices(job.client_id, batch_size, generator)
+                    ]
+                    for phase in program.local_phases(job.client_id)
+                ]
+            )
+        order = sorted(
+            range(len(jobs)), key=lambda i: [[-len(p) for p in plans[i]], [[len(b) for b in p] for p in plans[i]]]
+        )
         states = [program.assemble(jobs[i].received, jobs[i].private) for i in order]
         stacked = {n: torch.stack([s[n].detach() for s in states]) for n in states[0]}
         del states
         same_received = all(job.received is jobs[0].received for job in jobs)
-        received = jobs[0].received if same_received else \
-            {n: torch.stack([jobs[i].received[n] for i in order]) for n in jobs[0].received}
+        received = (
+            jobs[0].received
+            if same_received
+            else {n: torch.stack([jobs[i].received[n] for i in order]) for n in jobs[0].received}
+        )
         module_tensors = {n: t for n, t in self.tensors.items() if n not in stacked}
         total = torch.zeros(len(jobs), device=self.data.device)
         sums: dict[str, torch.Tensor] = {}
         spec = program.optimizer()
         for p, phase in enumerate(phases):
             names = [n for n in program.layout.trainable if n in phase.trainable]
-            self._run_phase(program, spec, names, [plans[i][p] for i in order], stacked,
-                            module_tensors, received, same_received, total, sums)
+            self._run_phase(
+                program,
+                spec,
+                names,
+                [plans[i][p] for i in order],
+                stacked,
+                module_tensors,
+                received,
+                same_received,
+                total,
+                sums,
+            )
         position = {i: row for row, i in enumerate(order)}
-        return [self._update(program, job, position[i], stacked, module_tensors, total, sums,
-                             sum(len(batches) for batches in plans[i]))
-                for i, job in enumerate(jobs)]
+        return [
+            self._update(
+                program,
+                job,
+                position[i],
+                stacked,
+                module_tensors,
+                total,
+                sums,
+                sum(len(batches) for batches in plans[i]),
+            )
+            for i, job in enumerate(jobs)
+        ]
 
-    def _run_phase(self, program: ClientProgram, spec: OptimizerSpec, names: list[str],
-                   plans: list[list[torch.Tensor]], stacked: Tensors, module_tensors: Tensors,
-                   received: Tensors, same_received: bool, total: torch.Tensor,
-                   sums: dict[str, torch.Tensor]) -> None:
+    def _run_phase(
+        self,
+        program: ClientProgram,
+        spec: OptimizerSpec,
+        names: list[str],
+        plans: list[list[torch.Tensor]],
+        stacked: Tensors,
+        module_tensors: Tensors,
+        received: Tensors,
+        same_received: bool,
+        total: torch.Tensor,
+        sums: dict[str, torch.Tensor],
+    ) -> None:
         if not names or not any(plans):
             return
         optimizer = FunctionalOptimizer(spec, names, {n: stacked[n] for n in names})
-        step_grad = vmap(grad(self._loss_function(program), has_aux=True),
-                         in_dims=(0, 0, None, 0, 0, None if same_received else 0))
+        step_grad = vmap(
+            grad(self._loss_function(program), has_aux=True), in_dims=(0, 0, None, 0, 0, None if same_received else 0)
+        )
         for t in range(max(len(plan) for plan in plans)):
             sizes = [len(plan[t]) if t < len(plan) else 0 for plan in plans]
             for rows in contiguous_runs(sizes):
@@ -161,7 +205,7 @@ class VmapExecutor(SequentialExecutor):
             return super().evaluate(program, jobs)
         results: list[np.ndarray | None] = [None] * len(jobs)
         for start in range(0, len(single), MAX_CLIENTS_AT_ONCE):
-            chunk = single[start:start + MAX_CLIENTS_AT_ONCE]
+            chunk = single[start : start + MAX_CLIENTS_AT_ONCE]
             counts = self._evaluate_together([jobs[i] for i in chunk])
             for i, count in zip(chunk, counts):
                 results[i] = np.array([count])
@@ -187,9 +231,14 @@ class VmapExecutor(SequentialExecutor):
             stop = min(start + batch, longest)
             rows = torch.arange(start, stop, device=self.data.device)
             # shorter splits are padded with their last sample, masked out of the count
-            indices = torch.stack([split[rows.clamp(max=max(len(split) - 1, 0))] if len(split) else
-                                   torch.zeros(len(rows), dtype=torch.long, device=self.data.device)
-                                   for split in splits])
+            indices = torch.stack(
+                [
+                    split[rows.clamp(max=max(len(split) - 1, 0))]
+                    if len(split)
+                    else torch.zeros(len(rows), dtype=torch.long, device=self.data.device)
+                    for split in splits
+                ]
+            )
             valid = torch.stack([rows < len(split) for split in splits])
             inputs, targets = self.data.gather(indices)
             correct += ((predict_all(stacked, inputs) == targets) & valid).sum(dim=1)
@@ -198,8 +247,14 @@ class VmapExecutor(SequentialExecutor):
     def _loss_function(self, program: ClientProgram):
         model, buffers, weights = self.model, self.buffers, program.loss_weights
 
-        def loss(trained: Tensors, fixed: Tensors, module_tensors: Tensors, inputs: torch.Tensor,
-                 targets: torch.Tensor, received: Tensors):
+        def loss(
+            trained: Tensors,
+            fixed: Tensors,
+            module_tensors: Tensors,
+            inputs: torch.Tensor,
+            targets: torch.Tensor,
+            received: Tensors,
+        ):
             state = {**module_tensors, **fixed, **trained}
             own_buffers = {n: t for n, t in state.items() if n in buffers}
             params = {n: t for n, t in state.items() if n not in buffers}
@@ -213,12 +268,21 @@ class VmapExecutor(SequentialExecutor):
 
         return loss
 
-    def _update(self, program: ClientProgram, job: ClientJob, i: int, stacked: Tensors,
-                module_tensors: Tensors, total: torch.Tensor, sums: dict[str, torch.Tensor],
-                steps: int) -> ClientUpdate:
+    def _update(
+        self,
+        program: ClientProgram,
+        job: ClientJob,
+        i: int,
+        stacked: Tensors,
+        module_tensors: Tensors,
+        total: torch.Tensor,
+        sums: dict[str, torch.Tensor],
+        steps: int,
+    ) -> ClientUpdate:
         state = {**module_tensors, **{n: t[i] for n, t in stacked.items()}}
         result: LocalResult = mean_terms(total[i], {n: s[i] for n, s in sums.items()}, steps)
         upload = program.upload(state, job.received)
         private = program.private_state(state, job.private)
-        return ClientUpdate(job.client_id, self.data.num_train[job.client_id], upload,
-                            result.loss_terms, result.loss, private)
+        return ClientUpdate(
+            job.client_id, self.data.num_train[job.client_id], upload, result.loss_terms, result.loss, private
+        )

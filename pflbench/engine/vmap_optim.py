@@ -5,6 +5,7 @@ The same arithmetic as ``torch.optim.SGD`` / ``torch.optim.Adam`` (single-tensor
 per-name learning rates from its param groups, momentum, weight decay, betas, and the gradient
 norm clipped per client. The state is fresh per local phase, as the sequential executor's.
 """
+
 from __future__ import annotations
 
 import math
@@ -75,6 +76,6 @@ class FunctionalOptimizer:
         exp_avg, exp_avg_sq = (s[rows] for s in self.state[n])
         exp_avg.lerp_(g, 1 - beta1)
         exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        step_size = self.lr[n] / (1 - beta1 ** step)
-        denom = (exp_avg_sq.sqrt() / math.sqrt(1 - beta2 ** step)).add_(ADAM_EPS)
+        step_size = self.lr[n] / (1 - beta1**step)
+        denom = (exp_avg_sq.sqrt() / math.sqrt(1 - beta2**step)).add_(ADAM_EPS)
         param.addcdiv_(exp_avg, denom, value=-step_size)
