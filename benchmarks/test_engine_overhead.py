@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from pflbench.config import RunConfig
 from pflbench.runner import prepare
+from pflbench.testing import Harness
 
 ROUNDS = 3
 SETTINGS = dict(
@@ -30,14 +31,13 @@ SETTINGS = dict(
 
 
 def engine_rounds() -> None:
-    prepared = prepare(RunConfig(**SETTINGS))
-    prepared.server.run()
+    Harness(prepare(RunConfig(**SETTINGS))).run()
 
 
 def plain_rounds() -> None:
     """A tight hand-written loop: state_dict in, SGD steps, state_dict out, average, evaluate."""
     prepared = prepare(RunConfig(**SETTINGS))  # same data, same partition, same init
-    data, model = prepared.server.data, prepared.server.model
+    data, model = prepared.data, prepared.executor.model
     global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     generator = torch.Generator().manual_seed(0)
     for _ in range(ROUNDS):

@@ -135,6 +135,11 @@ class RunConfig:
         "(many threads spin-wait on each other there). Not part of the run identity.",
     )
     out: str = option("results", "Output folder; the run goes to OUT/runs/<name>/.")
+    portable: bool = option(
+        False,
+        "Share-safe results: config.json and summary.json name no local absolute path (each becomes "
+        "<local>/NAME). Not part of the run identity.",
+    )
     checkpoint_every: int = option(10, "Checkpoint every N rounds (run --resume; sweeps resume); 0 = never.")
     save_model: bool = option(
         False,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import math
 import os
 from pathlib import Path
@@ -45,12 +46,27 @@ def read_rounds(path: Path, count: int) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines]
 
 
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:[^\s/'\"]+/)*[^\s/'\",;)\]]+/?")
+
+
+def without_local_paths(value: Any) -> Any:
+    """``value`` (JSON-like) with every absolute path replaced by ``<local>/NAME`` (its last part),
+    for results shared with others (``--portable``): no user names, home or cluster folders."""
+    if isinstance(value, str):
+        return _ABSOLUTE_PATH.sub(lambda m: "<local>/" + m.group(0).rstrip("/").rsplit("/", 1)[-1], value)
+    if isinstance(value, dict):
+        return {k: without_local_paths(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [without_local_paths(v) for v in value]
+    return value
+
+
 class RunWriter:
     """Writes the files of one run into ``run_dir`` (a fresh work folder, or a resumed one whose
     rounds.jsonl keeps its first ``keep_rounds`` lines)."""
 
-    def __init__(self, run_dir: Path, keep_rounds: int | None = None) -> None:
-        self.run_dir = run_dir
+    def __init__(self, run_dir: Path, keep_rounds: int | None = None, portable: bool = False) -> None:
+        self.run_dir, self.portable = run_dir, portable
         run_dir.mkdir(parents=True, exist_ok=True)
         rounds = run_dir / "rounds.jsonl"
         if keep_rounds is None:
@@ -62,7 +78,7 @@ class RunWriter:
             self._rounds.flush()
 
     def write_config(self, config: dict[str, Any]) -> None:
-        write_json(self.run_dir / "config.json", config)
+        write_json(self.run_dir / "config.json", without_local_paths(config) if self.portable else config)
 
     def write_partition(self, partition: dict[str, Any]) -> None:
         write_json(self.run_dir / "partition.json", partition)
@@ -84,7 +100,7 @@ class RunWriter:
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         self.close()
-        write_json(self.run_dir / "summary.json", summary)
+        write_json(self.run_dir / "summary.json", without_local_paths(summary) if self.portable else summary)
 
     def close(self) -> None:
         if not self._rounds.closed:

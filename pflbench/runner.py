@@ -309,8 +309,9 @@ def _start(
             warn(f"cannot resume {paths.work}: {problem}; starting the run again")
         else:
             restore_checkpoint(federation, tensors, meta)
-            return RunWriter(paths.work, keep_rounds=meta["records"]), records, meta["before"]
-    writer = RunWriter(fresh_work_folder(paths))
+            portable = prepared.config.portable
+            return RunWriter(paths.work, keep_rounds=meta["records"], portable=portable), records, meta["before"]
+    writer = RunWriter(fresh_work_folder(paths), portable=prepared.config.portable)
     writer.write_config(config_record(prepared, plugins))
     writer.write_partition(prepared.partition.to_json())
     before: dict[str, Any] = {}
