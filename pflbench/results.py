@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 

@@ -12,9 +12,15 @@ from pflbench.runner import run_experiment
 
 
 def test_absolute_paths_become_local_names_and_nothing_else_changes() -> None:
-    record = {"out": "/home/alice/exp", "command": ["pflbench", "--data-dir", "/srv/data/cifar/"],
-              "source": "pretrained, cached at /root/.cache/pflbench/backbones/b.pt", "rel": "results/runs",
-              "url": "https://example.org/a/b", "n": 3, "ratio": 0.5}
+    record = {
+        "out": "/home/alice/exp",
+        "command": ["pflbench", "--data-dir", "/srv/data/cifar/"],
+        "source": "pretrained, cached at /root/.cache/pflbench/backbones/b.pt",
+        "rel": "results/runs",
+        "url": "https://example.org/a/b",
+        "n": 3,
+        "ratio": 0.5,
+    }
     cleaned = without_local_paths(record)
     assert cleaned["out"] == "<local>/exp" and cleaned["command"][2] == "<local>/cifar"
     assert cleaned["source"] == "pretrained, cached at <local>/b.pt"
