@@ -279,3 +279,30 @@ def test_sweep_run_whose_worker_died_is_redone_once(local_ray, tmp_path: Path) -
     assert sorted(folders) == ["crashonce", "fedavg"]
     rounds = [comparable(folders[a])["rounds"] for a in ("crashonce", "fedavg")]
     assert rounds[0] == rounds[1]  # the redone run's numbers are those of an undisturbed FedAvg
+
+
+NEW_ALGORITHMS = (
+    "ditto",
+    "apfl",
+    "pfedme",
+    "perfedavg",
+    "fedbabu",
+    "lgfedavg",
+    "fedbn",
+    "fedrod",
+    "fedala",
+    "scaffold",
+    "moon",
+    "feddyn",
+)
+
+
+@needs_ray
+@pytest.mark.parametrize("algo", NEW_ALGORITHMS)
+def test_ray_hosts_every_added_algorithm_with_the_sequential_numbers(algo: str, local_ray, tmp_path: Path) -> None:
+    """Extra per-client state (SCAFFOLD, Ditto, ...), personalization programs (FedBABU, Per-FedAvg)
+    and BatchNorm models travel to the actors and back like the built-ins' state."""
+    settings = {**TINY, "optimizer": "sgd", "lr": 0.05, **({"model": "cnn_bn"} if algo == "fedbn" else {})}
+    execute(prepare(RunConfig(algo=algo, out=str(tmp_path / "seq"), **settings)))
+    execute(prepare(RunConfig(algo=algo, out=str(tmp_path / "ray"), executor="ray", ray_workers=2, **settings)))
+    assert comparable(run_folder(tmp_path / "ray")) == comparable(run_folder(tmp_path / "seq"))
