@@ -7,12 +7,19 @@ samples into train/test, stratified by label inside the client.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import ConfigError
 from .registry import PARTITIONERS, register_partitioner
+from .seeding import rng_stream
+
+if TYPE_CHECKING:
+    from .config import RunConfig
+    from .data import TensorDataset
+    from .spec import PartitionSpec
 
 DIRICHLET_CUTS = ("unbiased", "floor", "flower")
 
@@ -269,3 +276,63 @@ def partition_stats(
         "samples_max": int(sizes.max()),
         "classes_per_client_mean": float(classes_per_client.mean()),
     }
+
+
+# ---- a run's partition: public hold-out, clients, per-client train/test ---------------------
+
+
+def public_split(labels: np.ndarray, public_frac: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(client pool, public) indices: a label-stratified ``public_frac`` (``public`` stream) is public."""
+    everything = np.arange(len(labels))
+    if public_frac <= 0:
+        return everything, np.zeros(0, dtype=np.int64)
+    (pool,), (public,) = split_train_test(labels, [everything], public_frac, rng_stream(seed, "public"))
+    return pool, public
+
+
+@dataclass
+class Partition:
+    train: list[np.ndarray]
+    test: list[np.ndarray]
+    stats: dict[str, Any]
+    public: np.ndarray  # held out for pretraining, given to no client (--public-frac)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "train_indices": [s.tolist() for s in self.train],
+            "test_indices": [s.tolist() for s in self.test],
+            "public_indices": self.public.tolist(),
+            "stats": self.stats,
+        }
+
+
+def make_partition(spec: PartitionSpec | RunConfig, dataset: TensorDataset) -> Partition:
+    """Hold out the public fraction (public stream), partition the rest over clients
+    (partition stream), then split each client (split stream). Reads only the partition group
+    (a RunConfig is accepted for convenience: its unset settings take the base defaults)."""
+    from .config import RunConfig, with_base_defaults
+    from .partition_io import preset_partition
+
+    config = with_base_defaults(spec).partition_spec if isinstance(spec, RunConfig) else spec
+    labels = dataset.labels.numpy()
+    preset = preset_partition(config, dataset)  # --partition-file, or a dataset's own client split
+    if preset is not None:
+        stats = partition_stats(labels, preset.train, preset.test, dataset.num_classes)
+        return Partition(preset.train, preset.test, {**stats, "public_samples": len(preset.public)}, preset.public)
+    pool, public = public_split(labels, config.public_frac, config.seed)
+    groups = None if dataset.groups is None else np.asarray(dataset.groups)[pool]
+    clients = partition(
+        config.partition,
+        labels[pool],
+        config.num_clients,
+        rng_stream(config.seed, "partition"),
+        alpha=config.alpha,
+        min_size=config.min_size,
+        shards_per_client=config.shards_per_client,
+        groups=groups,
+        cut=config.dirichlet_cut,
+    )
+    clients = [pool[indices] for indices in clients]
+    train, test = split_train_test(labels, clients, config.test_frac, rng_stream(config.seed, "split"))
+    stats = {**partition_stats(labels, train, test, dataset.num_classes), "public_samples": len(public)}
+    return Partition(train, test, stats, public)

@@ -32,22 +32,13 @@ from .config import RunConfig
 from .data import FederatedData, TensorDataset, cache_dir
 from .errors import ConfigError
 from .models import build_model, head_parameter_names, load_weights
-from .partition import split_train_test
+from .partition import public_split, split_train_test  # noqa: F401  (public_split: re-exported)
 from .seeding import derive_seed, rng_stream
 
 PRETRAIN_BATCH_SIZE = 16
 PRETRAIN_WEIGHT_DECAY = 0.05
 PRETRAIN_VAL_FRAC = 0.2
 PRETRAIN_FORMAT_VERSION = 2
-
-
-def public_split(labels: np.ndarray, public_frac: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(client pool, public) indices: a label-stratified ``public_frac`` (``public`` stream) is public."""
-    everything = np.arange(len(labels))
-    if public_frac <= 0:
-        return everything, np.zeros(0, dtype=np.int64)
-    (pool,), (public,) = split_train_test(labels, [everything], public_frac, rng_stream(seed, "public"))
-    return pool, public
 
 
 def indices_digest(indices: np.ndarray) -> str:

@@ -24,7 +24,6 @@ from . import __version__
 from .cache import warn
 from .checkpoint import CHECKPOINT_FILE, CheckpointObserver, load_checkpoint, restore_checkpoint
 from .config import (
-    PartitionSpec,
     RunConfig,
     hyperparameters_from,
     identity_hash,
@@ -32,7 +31,6 @@ from .config import (
     run_identity,
     run_name,
     validate,
-    with_base_defaults,
 )
 from .data import FederatedData, TensorDataset, load_dataset
 from .defaults import model_family
@@ -42,60 +40,15 @@ from .engine.observers import RoundCallback
 from .errors import ConfigError
 from .metrics import summarize
 from .models import build_model
-from .partition import partition, partition_stats, split_train_test
-from .partition_io import fit_num_clients, preset_partition
-from .pretrain import initial_weights, load_initial_weights, public_split
+from .partition import Partition, make_partition  # noqa: F401  (re-exported: the run's partition stage)
+from .partition_io import fit_num_clients
+from .pretrain import initial_weights, load_initial_weights
 from .registry import ALGORITHMS
 from .results import RunWriter, read_rounds
 from .rundir import Claim, RunPaths, fresh_work_folder, guard_run, publish, read_json, writing
-from .seeding import derive_seed, rng_stream
+from .seeding import derive_seed
 from .threads import apply_threads
 from .trackers import check_trackers, make_trackers
-
-
-@dataclass
-class Partition:
-    train: list[np.ndarray]
-    test: list[np.ndarray]
-    stats: dict[str, Any]
-    public: np.ndarray  # held out for pretraining, given to no client (--public-frac)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "train_indices": [s.tolist() for s in self.train],
-            "test_indices": [s.tolist() for s in self.test],
-            "public_indices": self.public.tolist(),
-            "stats": self.stats,
-        }
-
-
-def make_partition(spec: PartitionSpec | RunConfig, dataset: TensorDataset) -> Partition:
-    """Hold out the public fraction (public stream), partition the rest over clients
-    (partition stream), then split each client (split stream). Reads only the partition group
-    (a RunConfig is accepted for convenience: its unset settings take the base defaults)."""
-    config = with_base_defaults(spec).partition_spec if isinstance(spec, RunConfig) else spec
-    labels = dataset.labels.numpy()
-    preset = preset_partition(config, dataset)  # --partition-file, or a dataset's own client split
-    if preset is not None:
-        stats = partition_stats(labels, preset.train, preset.test, dataset.num_classes)
-        return Partition(preset.train, preset.test, {**stats, "public_samples": len(preset.public)}, preset.public)
-    pool, public = public_split(labels, config.public_frac, config.seed)
-    groups = None if dataset.groups is None else np.asarray(dataset.groups)[pool]
-    clients = partition(
-        config.partition,
-        labels[pool],
-        config.num_clients,
-        rng_stream(config.seed, "partition"),
-        alpha=config.alpha,
-        min_size=config.min_size,
-        shards_per_client=config.shards_per_client,
-        groups=groups,
-        cut=config.dirichlet_cut,
-    )
-    clients = [pool[indices] for indices in clients]
-    train, test = split_train_test(labels, clients, config.test_frac, rng_stream(config.seed, "split"))
-    stats = {**partition_stats(labels, train, test, dataset.num_classes), "public_samples": len(public)}
-    return Partition(train, test, stats, public)
 
 
 def resolve_device(name: str) -> torch.device:
