@@ -47,6 +47,7 @@ class LoRALinear(nn.Module):
         self.alpha = float(alpha)
         self.max_rank = rank
         self.register_buffer("active_rank", torch.tensor(rank, device=base.weight.device))
+        self.variable_rank = False  # True: clients of different ranks share this layer (FlexLoRA)
         factory = {"device": base.weight.device, "dtype": base.weight.dtype}
         self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, **factory))
         self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, **factory))
@@ -59,11 +60,15 @@ class LoRALinear(nn.Module):
 
     @property
     def rank(self) -> int:
-        return int(self.active_rank)
+        """The rank in use: ``max_rank`` unless per-client ranks are on (``variable_rank``, set by
+        FlexLoRA), then the ``active_rank`` buffer — read per forward only in that case (a
+        device sync on a GPU), never for fixed-rank LoRA."""
+        return int(self.active_rank) if self.variable_rank else self.max_rank
 
     def set_active_rank(self, rank: int) -> None:
         if not 1 <= rank <= self.max_rank:
             raise ValueError(f"active rank {rank} is not in [1, {self.max_rank}]")
+        self.variable_rank = True
         self.active_rank.fill_(rank)
 
     def branch(self, x: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tensor) -> torch.Tensor:

@@ -199,6 +199,14 @@ class FlexLoRA(Algorithm[FlexLoRAHyperparameters]):
         return max(hparams.possible_ranks(config.lora_rank))
 
     @classmethod
+    def configure_model(cls, model: nn.Module, config: RunConfig, hparams: FlexLoRAHyperparameters) -> dict[str, Any]:
+        """LoRA at the largest rank; each layer reads the client's rank from its ``active_rank`` buffer."""
+        record = super().configure_model(model, config, hparams)
+        for layer in lora_layers(model).values():
+            layer.variable_rank = True
+        return record
+
+    @classmethod
     def check_config(cls, config: RunConfig, hparams: FlexLoRAHyperparameters) -> None:
         if hparams.rank_dist not in RANK_DISTRIBUTIONS:
             listed = parse_ranks(hparams.rank_dist, "--rank-dist")
