@@ -19,3 +19,8 @@ run fedper_lora --algo fedper --lora-rank 4 --dataset digits --alpha 0.3 --quiet
 run flexlora --algo flexlora --rank-dist heavy-tail --rank-set 2,4,8 --dataset digits --alpha 0.3 --quiet $lora
 run flexlora_homo --algo flexlora --rank-dist homo --lora-rank 4 --dataset digits --alpha 0.3 --quiet $lora
 run fedsdg   --algo fedsdg --dataset digits --alpha 0.3 --quiet $lora
+run fedavg_adam --algo fedavg $base --optimizer adam --lr 0.005 --weight-decay 0.001
+run fedavg_wd --algo fedavg $base --momentum 0.5 --weight-decay 0.01
+for algo in apfl ditto fedala fedbabu fedbn feddyn fedrod lgfedavg moon perfedavg pfedme scaffold; do
+  run "$algo" --algo "$algo" $base --model cnn_bn
+done

@@ -132,18 +132,57 @@ def test_local_phase_freezing_and_restores_requires_grad() -> None:
     assert all(server.parameters[n].requires_grad for n in server.trainable_names)
 
 
-def test_optimizer_is_data_and_builds_the_same_torch_optimizer() -> None:
+def test_optimizer_is_data_and_builds_the_described_optimizer() -> None:
     from pflbench.engine import OptimizerSpec, ParamGroup, build_optimizer
+    from pflbench.engine.optim import SGD, Adam
 
     params = {"a": torch.nn.Parameter(torch.zeros(2)), "b": torch.nn.Parameter(torch.zeros(3))}
     sgd = build_optimizer(OptimizerSpec("sgd", lr=0.1, momentum=0.9, weight_decay=0.01), params)
-    assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["momentum"] == 0.9
+    assert isinstance(sgd, SGD) and sgd.momentum == 0.9 and sgd.weight_decay == 0.01
     adam = build_optimizer(OptimizerSpec("adam", lr=0.1, groups=(ParamGroup(frozenset({"b"}), 0.5),)), params)
-    assert [g["lr"] for g in adam.param_groups] == [0.1, 0.5]
+    assert isinstance(adam, Adam) and [g["lr"] for g in adam.param_groups] == [0.1, 0.5]
     assert adam.param_groups[1]["params"][0] is params["b"]
     import pickle
 
     assert pickle.loads(pickle.dumps(OptimizerSpec("adam", lr=0.1))) == OptimizerSpec("adam", lr=0.1)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        dict(kind="sgd", lr=0.1),
+        dict(kind="sgd", lr=0.1, momentum=0.9, weight_decay=0.01),
+        dict(kind="sgd", lr=0.05, momentum=0.5, group_lr=0.5),
+        dict(kind="adam", lr=0.01),
+        dict(kind="adam", lr=0.01, betas=(0.8, 0.99), weight_decay=0.001, group_lr=0.1),
+    ],
+    ids=["sgd", "sgd-momentum-wd", "sgd-groups", "adam", "adam-wd-groups"],
+)
+def test_local_optimizers_are_bit_identical_to_torch_optim(spec) -> None:
+    """Our SGD/Adam replace torch.optim (no torch._dynamo import): same bits after 6 steps, with
+    a parameter group, weight decay, and a parameter without a gradient in some steps."""
+    from pflbench.engine import OptimizerSpec, ParamGroup, build_optimizer
+
+    group_lr = spec.pop("group_lr", None)
+    groups = (ParamGroup(frozenset({"b"}), group_lr),) if group_lr else ()
+    generator = torch.Generator().manual_seed(0)
+    start = {n: torch.randn(shape, generator=generator) for n, shape in (("a", (4, 3)), ("b", (3,)), ("c", (2,)))}
+    ours = {n: torch.nn.Parameter(t.clone()) for n, t in start.items()}
+    theirs = {n: torch.nn.Parameter(t.clone()) for n, t in start.items()}
+    optimizer = build_optimizer(OptimizerSpec(**spec, groups=groups), ours)
+    arguments = {k: v for k, v in spec.items() if k in ("lr", "momentum", "weight_decay", "betas")}
+    rest = [theirs[n] for n in ("a", "c")] if groups else list(theirs.values())
+    param_groups = [{"params": rest}] + ([{"params": [theirs["b"]], "lr": group_lr}] if groups else [])
+    reference = (torch.optim.Adam if spec["kind"] == "adam" else torch.optim.SGD)(param_groups, **arguments)
+    for step in range(6):
+        gradients = {n: torch.randn(t.shape, generator=generator) for n, t in start.items()}
+        for params, opt in ((ours, optimizer), (theirs, reference)):
+            opt.zero_grad(set_to_none=True)
+            for n, p in params.items():
+                p.grad = None if (n == "c" and step in (1, 2)) else gradients[n].clone()
+            opt.step()
+    for n in start:
+        assert torch.equal(ours[n], theirs[n]), n
 
 
 def test_client_program_is_picklable_and_has_no_server_reference() -> None:

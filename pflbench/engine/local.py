@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from .optim import SGD, Adam, LocalOptimizer
 from .types import ClientJob, OptimizerSpec, Tensors
 
 if TYPE_CHECKING:
@@ -26,19 +27,17 @@ if TYPE_CHECKING:
     from .algorithm import ClientProgram
 
 
-def build_optimizer(spec: OptimizerSpec, params: dict[str, nn.Parameter]) -> torch.optim.Optimizer:
-    """A ``torch.optim`` optimizer from its description; groups keep ``params``' order."""
+def build_optimizer(spec: OptimizerSpec, params: dict[str, nn.Parameter]) -> LocalOptimizer:
+    """The optimizer an ``OptimizerSpec`` describes (``optim.SGD`` / ``optim.Adam``: torch's
+    arithmetic, bit-identical on a CPU); groups keep ``params``' order."""
     grouped = {n for group in spec.groups for n in group.names}
     groups = [([p for n, p in params.items() if n in group.names], group.lr or spec.lr) for group in spec.groups]
     rest = [p for n, p in params.items() if n not in grouped]
-    if not spec.groups:
-        arguments: list = rest
-    else:
-        arguments = [{"params": ps, "lr": lr} for ps, lr in ([(rest, spec.lr)] if rest else []) + groups if ps]
+    arguments = [(ps, lr) for ps, lr in [(rest, spec.lr), *groups] if ps] if spec.groups else [(rest, spec.lr)]
     if spec.kind == "adam":
-        return torch.optim.Adam(arguments, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay)
+        return Adam(arguments, betas=spec.betas, weight_decay=spec.weight_decay)
     if spec.kind == "sgd":
-        return torch.optim.SGD(arguments, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
+        return SGD(arguments, momentum=spec.momentum, weight_decay=spec.weight_decay)
     raise ValueError(f"unknown optimizer kind {spec.kind!r}; valid: sgd, adam")
 
 
@@ -81,7 +80,7 @@ class LocalTrainer:
             self.params[name].requires_grad_(name in names)
         return {n: self.params[n] for n in trainable if n in names}
 
-    def optimizer(self, spec: OptimizerSpec, params: dict[str, nn.Parameter]) -> torch.optim.Optimizer:
+    def optimizer(self, spec: OptimizerSpec, params: dict[str, nn.Parameter]) -> LocalOptimizer:
         return build_optimizer(spec, params)
 
     @torch.no_grad()
@@ -115,7 +114,7 @@ class LocalTrainer:
 
 
 def apply_gradients(
-    optimizer: torch.optim.Optimizer, params: Tensors, gradients: Tensors, max_grad_norm: float | None = None
+    optimizer: LocalOptimizer, params: Tensors, gradients: Tensors, max_grad_norm: float | None = None
 ) -> None:
     """One ``optimizer`` step on ``params`` with the given gradients (optionally clipped to
     ``max_grad_norm`` as a whole): for updates whose direction is not ∇ of one loss."""
