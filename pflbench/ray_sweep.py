@@ -8,6 +8,7 @@ A task runs the run into a temporary folder on its worker (workers need not shar
 filesystem: plugin files travel as their source) and returns the run folder's files as bytes;
 the driver writes them into ``OUT/runs/<name>/``, ``summary.json`` last, so the folder is the one
 a local sweep writes (the summary's ``run_dir`` and config.json's ``command`` are the driver's).
+The sweep record names the node each run ran on (``worker``).
 
 Exactly once: each run is submitted once, by the one driver that owns the sweep record. A task
 whose worker dies (process killed, node lost) is re-executed by Ray (``max_retries``); a lost
@@ -75,13 +76,18 @@ def run_task(
     threads: int,
 ) -> dict[str, Any]:
     """One run on a worker (the body of the Ray task). Returns status, summary, error and files."""
+    import socket
+
+    import ray
     import torch
 
     from .runner import execute, prepare
 
     torch.set_num_threads(max(1, threads))
     out_run_dir = Path(config.out) / "runs" / name  # where the driver will put it
-    result: dict[str, Any] = {"status": "done", "summary": None, "error": None, "files": {}}
+    node = ray.get_runtime_context().get_node_id()
+    worker = f"{socket.gethostname()} (node {node[:8]})"
+    result: dict[str, Any] = {"status": "done", "summary": None, "error": None, "files": {}, "worker": worker}
     with tempfile.TemporaryDirectory(prefix="pflbench-run-") as temporary:
         run_dir = Path(temporary) / name
         saved_argv, sys.argv = sys.argv, list(argv)  # config.json records the driver's command
@@ -127,6 +133,7 @@ def write_run_files(run_dir: Path, files: dict[str, bytes]) -> None:
 def accept(run: Any, result: dict[str, Any]) -> dict[str, Any] | None:
     """Write one task's result into the driver's ``--out``; returns the summary (None if failed)."""
     write_run_files(run.run_dir, result["files"])
+    run.worker = result.get("worker")
     if result["status"] == "done":
         run.status = "done"
         return result["summary"]

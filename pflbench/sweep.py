@@ -66,6 +66,7 @@ class SweepRun:
     name: str
     status: str = "pending"
     error: str | None = None
+    worker: str | None = None  # where a Ray sweep ran it: "hostname (node 1a2b3c4d)"
 
     @property
     def run_dir(self) -> Path:
@@ -87,6 +88,7 @@ class SweepRun:
             "set": self.overrides,
             "status": self.status,
             "error": self.error,
+            **({"worker": self.worker} if self.worker else {}),
         }
 
 
