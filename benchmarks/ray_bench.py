@@ -5,7 +5,9 @@
 
 - ``sweep``: the same grid of ≥ 8 small runs as ``pflbench sweep`` (one process, one run after
   another) and as ``pflbench sweep --ray`` (local Ray instance with every core, one CPU per run),
-  both as fresh CLI processes, so start-up (Python, torch, Ray) counts. Reports runs/s and the ratio.
+  both as fresh CLI processes, so start-up (Python, torch, Ray) counts. Reports runs/s and the ratio;
+  then the same sweep joining an already running instance (``ray start --head``, then
+  ``--ray-address auto``: how a cluster is used), whose start-up is reported separately.
 - ``round``: one run with 20 clients (all sampled) under ``--executor sequential`` and ``ray``;
   the median round time (training + aggregation; evaluation excluded) over rounds 3..R, after a
   warm-up run that starts the actors (runs in one process reuse them).
@@ -69,6 +71,18 @@ def bench_sweep(tiny: bool) -> dict[str, Any]:
         runs = 8
         local = timed([*PFLBENCH, *args, "--out", f"{folder}/local"])
         on_ray = timed([*PFLBENCH, *args, "--ray", "--cpus-per-run", "1", "--out", f"{folder}/ray"])
+        # a cluster's usual state: Ray already running (`ray start --head`), the sweep joins it
+        ray_cli = str(Path(sys.executable).parent / "ray")
+        cores = str(os.cpu_count())
+        head = timed(
+            [ray_cli, "start", "--head", "--num-cpus", cores, "--include-dashboard=false", "--disable-usage-stats"]
+        )
+        try:
+            joined = timed(
+                [*PFLBENCH, *args, "--ray-address", "auto", "--cpus-per-run", "1", "--out", f"{folder}/join"]
+            )
+        finally:
+            subprocess.run([ray_cli, "stop", "--force"], capture_output=True)
     return {
         "runs": runs,
         "cores": os.cpu_count(),
@@ -77,6 +91,9 @@ def bench_sweep(tiny: bool) -> dict[str, Any]:
         "sequential_runs_per_s": runs / local,
         "ray_runs_per_s": runs / on_ray,
         "throughput_ratio": local / on_ray,
+        "ray_start_head_s": head,
+        "running_instance_s": joined,
+        "running_instance_throughput_ratio": local / joined,
     }
 
 
@@ -173,7 +190,9 @@ def main() -> None:
         s = results["sweep"]
         print(
             f"sweep of {s['runs']} runs: sequential {s['sequential_s']:.1f}s, ray {s['ray_s']:.1f}s, "
-            f"throughput ×{s['throughput_ratio']:.2f}"
+            f"throughput ×{s['throughput_ratio']:.2f}; joining a running instance (`ray start --head` "
+            f"{s['ray_start_head_s']:.1f}s before) {s['running_instance_s']:.1f}s, "
+            f"throughput ×{s['running_instance_throughput_ratio']:.2f}"
         )
     if options.what in ("round", "overhead", "all"):
         from pflbench.ray_support import connect
