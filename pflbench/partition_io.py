@@ -1,4 +1,7 @@
-"""Partitions in and out: export files, ``--partition-file``, PFLlib folders, flwr-datasets.
+"""Partitions in and out: export files, ``--partition-file``, and the exact partition a run must
+use (``preset_partition``: a file, a flwr-datasets partitioner or a dataset's own client split).
+PFLlib folders are read in ``pfllib_folder``, flwr-datasets partitioners converted in
+``flwr_partition``; their public names are importable from here too.
 
 An exported partition (``pflbench partition --export FILE``) is one JSON object::
 
@@ -20,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +31,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import ConfigError
+from .flwr_partition import (  # noqa: F401  (re-exported: their home was this module)
+    FLWR_INSTALL_HINT,
+    FLWR_PREFIX,
+    flwr_partition_document,
+    flwr_partition_indices,
+    flwr_preset,
+    parse_flwr_spec,
+    require_flwr,
+)
+from .pfllib_folder import read_pfllib_folder, safe_pickled_npz_entry  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
     from .config import PartitionSpec, RunConfig
@@ -36,9 +48,6 @@ if TYPE_CHECKING:
 
 FORMAT = "pflbench-partition"
 VERSION = 1
-FLWR_PREFIX = "flwr:"
-FLWR_INSTALL_HINT = "flwr-datasets is not installed; install the extra: pip install 'pflbench[flwr]'"
-_INDEX_COLUMN = "__pflbench_row"
 
 
 @dataclass
@@ -259,235 +268,3 @@ def fit_num_clients(config: RunConfig, dataset: TensorDataset, explicit: set[str
             "--num-clients (the partition sets it)"
         )
     return dataclasses.replace(config, num_clients=preset.num_clients)
-
-
-# ----------------------------------------------------------------------------- PFLlib folders
-
-
-def read_pfllib_folder(path: str | Path) -> dict[str, Any]:
-    """A PFLlib dataset folder: ``config.json``, ``train/<i>.npz``, ``test/<i>.npz``.
-
-    Each ``.npz`` holds ``data``, a pickled dict with ``x`` and ``y`` (PFLlib's ``save_file``).
-    Returns ``x`` and ``y`` pooled client by client (client 0 train, client 0 test, client 1
-    train, ...), ``client`` (the client id of each sample), the per-client ``train``/``test``
-    index lists into the pooled arrays, and ``num_classes``.
-    """
-    root = Path(path).expanduser()
-    where = f"PFLlib folder {str(root)!r}"
-    if not (root / "config.json").is_file():
-        raise ConfigError(f"{where} has no config.json (expected config.json, train/<i>.npz, test/<i>.npz)")
-    try:
-        config = json.loads((root / "config.json").read_text())
-        num_clients = int(config["num_clients"])
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
-        raise ConfigError(f"{where}: config.json has no valid num_clients ({error})") from error
-    xs, ys, train, test, owner = [], [], [], [], []
-    offset = 0
-    for client in range(num_clients):
-        for split, indices in (("train", train), ("test", test)):
-            x, y = _read_pfllib_npz(root / split / f"{client}.npz", where)
-            xs.append(x)
-            ys.append(y)
-            indices.append(np.arange(offset, offset + len(y), dtype=np.int64))
-            owner.append(np.full(len(y), client, dtype=np.int64))
-            offset += len(y)
-    labels = np.concatenate(ys)
-    num_classes = int(config.get("num_classes") or labels.max(initial=-1) + 1)
-    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
-        raise ConfigError(f"{where}: labels outside 0..{num_classes - 1} (config.json num_classes)")
-    shapes = {x.shape[1:] for x in xs}
-    if len(shapes) > 1:
-        raise ConfigError(f"{where}: clients' x arrays have different shapes {sorted(shapes)}")
-    return {
-        "x": np.concatenate(xs),
-        "y": labels,
-        "client": np.concatenate(owner),
-        "train": train,
-        "test": test,
-        "num_classes": num_classes,
-    }
-
-
-class _ArraysOnlyUnpickler(pickle.Unpickler):
-    """Rebuilds numpy arrays, dtypes and plain containers; any other global is refused, so a
-    crafted file cannot run code (no ``np.load(allow_pickle=True)``)."""
-
-    ALLOWED = {
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-        ("numpy.core.multiarray", "scalar"),
-        ("numpy._core.multiarray", "scalar"),
-    }
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) not in self.ALLOWED:
-            raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a data file")
-        return super().find_class(module, name)
-
-
-def safe_pickled_npz_entry(file: Path, key: str) -> Any:
-    """The object stored under ``key`` of an ``.npz`` (a pickled 0-d object array), rebuilt with
-    an unpickler that only knows numpy arrays and containers."""
-    import io
-    import zipfile
-
-    with zipfile.ZipFile(file) as archive, archive.open(f"{key}.npy") as stream:
-        major, _ = np.lib.format.read_magic(stream)
-        read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-        shape, _, dtype = read_header(stream)
-        if dtype.hasobject:
-            value = _ArraysOnlyUnpickler(io.BytesIO(stream.read())).load()
-            return value.item() if isinstance(value, np.ndarray) and value.shape == () else value
-        return np.lib.format.read_array(archive.open(f"{key}.npy"), allow_pickle=False)
-
-
-def _read_pfllib_npz(file: Path, where: str) -> tuple[np.ndarray, np.ndarray]:
-    if not file.is_file():
-        raise ConfigError(
-            f"{where} has no {file.parent.name}/{file.name} (config.json lists more clients than there are files)"
-        )
-    try:
-        data = safe_pickled_npz_entry(file, "data")  # PFLlib pickles a dict into 'data'
-        x, y = np.asarray(data["x"]), np.asarray(data["y"]).astype(np.int64).reshape(-1)
-    except Exception as error:  # any unreadable file is bad input here
-        raise ConfigError(
-            f"{where}: {file.parent.name}/{file.name} is not a PFLlib client file "
-            f"(an .npz with data={{'x': ..., 'y': ...}}): {error}"
-        ) from error
-    if len(x) != len(y):
-        raise ConfigError(f"{where}: {file.parent.name}/{file.name} has {len(x)} x rows but {len(y)} labels")
-    return x, y
-
-
-# ----------------------------------------------------------------------------- flwr-datasets
-
-
-def require_flwr() -> Any:
-    """The ``flwr_datasets`` module, or a one-line ConfigError saying how to install it."""
-    try:
-        import flwr_datasets
-    except ImportError as error:
-        raise ConfigError(FLWR_INSTALL_HINT) from error
-    return flwr_datasets
-
-
-def flwr_partition_indices(partitioner: Any, dataset: Any) -> list[np.ndarray]:
-    """Row indices of ``dataset`` (a Hugging Face ``Dataset``) in each partition of a fresh
-    flwr-datasets ``partitioner`` (one with no dataset assigned yet).
-
-    The rows are tagged with their position before the partitioner sees them, so any
-    partitioner (IID, Dirichlet, shards, natural id, ...) converts the same way.
-    """
-    tagged = dataset.add_column(_INDEX_COLUMN, list(range(len(dataset))))
-    partitioner.dataset = tagged
-    return [
-        np.asarray(partitioner.load_partition(k)[_INDEX_COLUMN], dtype=np.int64)
-        for k in range(partitioner.num_partitions)
-    ]
-
-
-def flwr_partition_document(
-    train_partitioner: Any,
-    train_dataset: Any,
-    dataset_name: str,
-    dataset_size: int,
-    test_partitioner: Any = None,
-    test_dataset: Any = None,
-    test_offset: int | None = None,
-    test_frac: float = 0.25,
-    seed: int = 0,
-) -> dict[str, Any]:
-    """An export document from flwr-datasets partitioners (``--partition-file`` reads it).
-
-    pflbench pools a hub dataset's splits in order (train, then test), so train-split row i is
-    pooled index i and test-split row j is ``test_offset + j`` (default: len(train_dataset)).
-    Without a test partitioner each client's train partition is split into train/test with
-    pflbench's label-stratified split (``test_frac``, ``seed``).
-    """
-    from .partition import split_train_test
-
-    clients = flwr_partition_indices(train_partitioner, train_dataset)
-    if test_partitioner is not None:
-        offset = len(train_dataset) if test_offset is None else test_offset
-        tests = [part + offset for part in flwr_partition_indices(test_partitioner, test_dataset)]
-        if len(tests) != len(clients):
-            raise ConfigError(f"train partitioner has {len(clients)} partitions, test partitioner {len(tests)}")
-        train = clients
-    else:
-        labels = np.zeros(dataset_size, dtype=np.int64)
-        column = _label_column(train_dataset)
-        labels[: len(train_dataset)] = np.asarray(train_dataset[column], dtype=np.int64)
-        train, tests = split_train_test(labels, clients, test_frac, np.random.default_rng(seed))
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "dataset": {"name": dataset_name, "size": int(dataset_size)},
-        "num_clients": len(train),
-        "clients": [{"train": np.sort(tr).tolist(), "test": np.sort(te).tolist()} for tr, te in zip(train, tests)],
-        "public": [],
-        "settings": {"source": "flwr-datasets", "partitioner": type(train_partitioner).__name__},
-    }
-
-
-def parse_flwr_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``flwr:Name[:key=value,...]`` → (partitioner class name, keyword arguments)."""
-    from .config import _key_values
-
-    name, _, options = spec[len(FLWR_PREFIX) :].partition(":")
-    if not name.isidentifier():
-        raise ConfigError(
-            f"--partition-file {spec!r}: expected flwr:<Partitioner>[:key=value,...], "
-            "e.g. flwr:DirichletPartitioner:alpha=0.5,seed=42"
-        )
-    items = tuple(item for item in options.split(",") if item)
-    return name, _key_values(items, f"--partition-file {spec}")
-
-
-def flwr_preset(config: PartitionSpec | RunConfig, dataset: TensorDataset) -> PresetPartition:
-    """``--partition-file flwr:<Partitioner>[:key=value,...]``: a flwr-datasets partitioner with
-    ``num_partitions`` = --num-clients on pflbench's pooled client data (after the public
-    fraction is held out), as a Hugging Face Dataset with columns ``label`` (and ``group``
-    where the dataset has natural client ids; partitioners take ``partition_by="label"`` by
-    default). Each client's samples are then split train/test like every pflbench partition.
-    For Flower's exact split of one hub split, build the document in Python with
-    ``flwr_partition_document``."""
-    import inspect
-
-    import datasets
-
-    from .partition import split_train_test
-    from .pretrain import public_split
-    from .seeding import rng_stream
-
-    name, options = parse_flwr_spec(config.partition_file or "")
-    require_flwr()
-    import flwr_datasets.partitioner as partitioners
-
-    partitioner_class = getattr(partitioners, name, None)
-    if not isinstance(partitioner_class, type):
-        valid = ", ".join(n for n in dir(partitioners) if n.endswith("Partitioner") and n != "Partitioner")
-        raise ConfigError(f"flwr-datasets has no partitioner {name!r}; valid: {valid}")
-    accepted = inspect.signature(partitioner_class).parameters
-    if "partition_by" in accepted:
-        options.setdefault("partition_by", "label")
-    try:
-        partitioner = partitioner_class(num_partitions=config.num_clients, **options)
-    except (TypeError, ValueError) as error:
-        raise ConfigError(f"--partition-file {config.partition_file}: {error}") from error
-    labels = dataset.labels.numpy()
-    pool, public = public_split(labels, config.public_frac, config.seed)
-    columns: dict[str, list] = {"label": labels[pool].tolist()}
-    if dataset.groups is not None:
-        columns["group"] = [str(g) for g in np.asarray(dataset.groups)[pool]]
-    clients = [pool[part] for part in flwr_partition_indices(partitioner, datasets.Dataset.from_dict(columns))]
-    train, test = split_train_test(labels, clients, config.test_frac, rng_stream(config.seed, "split"))
-    return PresetPartition(train, test, public, f"flwr-datasets {name}")
-
-
-def _label_column(dataset: Any) -> str:
-    for name in ("label", "labels", "fine_label", "character"):
-        if name in dataset.column_names:
-            return name
-    raise ConfigError(f"no label column among {dataset.column_names}; pass a test partitioner")

@@ -30,7 +30,7 @@ import torch
 from pflbench.data import TensorDataset
 from pflbench.datasets.hub import HubSource, _pool, hub_splits, require_columns
 from pflbench.errors import ConfigError
-from pflbench.partition_io import read_pfllib_folder
+from pflbench.pfllib_folder import read_pfllib_folder
 from pflbench.registry import register_dataset
 
 FEMNIST = HubSource("femnist", "flwrlabs/femnist", "image", "character")
