@@ -48,8 +48,12 @@ class TensorDataset:
 
     def channel_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-channel mean/std of x/255 for images, per-feature for float features."""
-        if self.is_image:
-            flat = self.inputs.transpose(0, 1).reshape(self.inputs.shape[1], -1).float() / 255
+        if self.is_image:  # one float copy [channels, pixels] filled channel by channel (no temporaries)
+            channels = self.inputs.shape[1]
+            flat = torch.empty(channels, self.inputs[:, 0].numel(), device=self.inputs.device)
+            for channel in range(channels):
+                flat[channel].copy_(self.inputs[:, channel].reshape(-1))
+            flat.div_(255)
             return flat.mean(dim=1), flat.std(dim=1).clamp_min(1e-6)
         if not self.inputs.is_floating_point():  # integer token ids: reach the model unchanged
             return torch.zeros(self.input_shape), torch.ones(self.input_shape)
