@@ -64,7 +64,7 @@ def test_sweep_spreads_over_two_nodes_and_matches_a_local_sweep(two_node_cluster
     args = [*SWEEP, "--ray", "--ray-address", two_node_cluster.address, "--cpus-per-run", "1"]
     result = runner.invoke(cli, [*args, "--out", str(tmp_path / "cluster")])
     assert result.exit_code == 0 and "2 done, 0 skipped" in result.output, result.output
-    assert len(ray.nodes()) == 2
+    assert len(two_node_cluster.list_all_nodes()) == 2
     (record_path,) = (tmp_path / "cluster" / "sweeps").iterdir()
     record = json.loads(record_path.read_text())
     workers = {run["worker"] for run in record["runs"]}

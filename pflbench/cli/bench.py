@@ -144,7 +144,7 @@ def _sweep_callback(
         if on_ray:
             from ..ray_sweep import run_sweep_on_ray
 
-            run_sweep_on_ray(runs, record, grid, base, plugin, report, cpus_per_run, gpus_per_run)
+            run_sweep_on_ray(runs, record, grid, base, plugin, report, cpus_per_run, gpus_per_run, disconnect=True)
         else:
             run_sweep(runs, record, grid, base, plugin, report, jobs=jobs)
     except KeyboardInterrupt:
