@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PFLBENCH = [str(Path(sys.executable).parent / "pflbench")]
 
 
-def sweep_args(tiny: bool) -> list[str]:
-    """8 runs (2 algorithms × 4 seeds); each a few seconds on one core (tiny: well under one)."""
+def sweep_args(tiny: bool, seeds: int = 4) -> list[str]:
+    """2 × ``seeds`` runs (2 algorithms; default 8 runs); each a few seconds on one core (tiny: well under one)."""
     size = (
         ["--num-clients", "6", "--rounds", "2", "--model", "mlp"]
         if tiny
@@ -47,7 +47,7 @@ def sweep_args(tiny: bool) -> list[str]:
         "--algos",
         "fedavg,fedprox",
         "--seeds",
-        "0,1,2,3",
+        ",".join(str(seed) for seed in range(seeds)),
         "--alphas",
         "0.5",
         "--datasets",
@@ -65,10 +65,10 @@ def timed(command: list[str]) -> float:
     return time.perf_counter() - started
 
 
-def bench_sweep(tiny: bool) -> dict[str, Any]:
+def bench_sweep(tiny: bool, seeds: int = 4) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
-        args = sweep_args(tiny)
-        runs = 8
+        args = sweep_args(tiny, seeds)
+        runs = 2 * seeds
         local = timed([*PFLBENCH, *args, "--out", f"{folder}/local"])
         on_ray = timed([*PFLBENCH, *args, "--ray", "--cpus-per-run", "1", "--out", f"{folder}/ray"])
         # a cluster's usual state: Ray already running (`ray start --head`), the sweep joins it
@@ -182,11 +182,12 @@ def main() -> None:
     parser.add_argument("what", choices=("sweep", "round", "overhead", "all"))
     parser.add_argument("--tiny", action="store_true", help="minute-sized check of the scripts")
     parser.add_argument("--out", help="JSON file for the results")
+    parser.add_argument("--seeds", type=int, default=4, help="sweep: 2 algorithms × this many seeds (default 8 runs)")
     options = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     results: dict[str, Any] = {"tiny": options.tiny, "cores": os.cpu_count()}
     if options.what in ("sweep", "all"):
-        results["sweep"] = bench_sweep(options.tiny)
+        results["sweep"] = bench_sweep(options.tiny, options.seeds)
         s = results["sweep"]
         print(
             f"sweep of {s['runs']} runs: sequential {s['sequential_s']:.1f}s, ray {s['ray_s']:.1f}s, "
