@@ -19,6 +19,13 @@ from typing import Any
 from .errors import ConfigError
 
 INSTALL_HINT = 'Ray is not installed; install the extra: pip install "pflbench[ray]"'
+# a local instance without the task-event and metrics reporting that only Ray's dashboard reads:
+# runs ran ~5% faster with every core busy (2 cores, two runs at once, measured twice)
+QUIET_SYSTEM_CONFIG = {
+    "task_events_report_interval_ms": 0,
+    "metrics_report_interval_ms": 100_000_000,
+    "enable_metrics_collection": False,
+}
 PLUGIN_PREFIX = "pflbench_plugin_"  # module names of --plugin files (registry.load_plugin_file)
 
 
@@ -47,7 +54,7 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> ModuleTy
                 "RAY_AUTH_MODE=token and the cluster's token (~/.ray/auth_token)"
             ) from error
     else:
-        ray.init(num_cpus=num_cpus or os.cpu_count() or 1, **options)
+        ray.init(num_cpus=num_cpus or os.cpu_count() or 1, _system_config=QUIET_SYSTEM_CONFIG, **options)
     return ray
 
 
