@@ -18,6 +18,25 @@ from torch import nn
 ADAM_EPS = 1e-8  # torch.optim.Adam's default
 
 
+def adam_update_(
+    param: torch.Tensor,
+    gradient: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    step: int,
+    lr: float,
+    betas: tuple[float, float],
+) -> None:
+    """torch.optim.Adam's single-tensor update of ``param`` (in place; ``step`` ≥ 1). Also the
+    vmap executor's, on stacked per-client rows."""
+    beta1, beta2 = betas
+    exp_avg.lerp_(gradient, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(gradient, gradient, value=1 - beta2)
+    step_size = lr / (1 - beta1 ** float(step))
+    denom = (exp_avg_sq.sqrt() / (1 - beta2 ** float(step)) ** 0.5).add_(ADAM_EPS)
+    param.addcdiv_(exp_avg, denom, value=-step_size)
+
+
 class LocalOptimizer:
     """Base: parameter groups, ``zero_grad``; subclasses implement ``update`` (one parameter)."""
 
@@ -84,14 +103,8 @@ class Adam(LocalOptimizer):
         self.steps: dict[nn.Parameter, int] = {}
 
     def update(self, param: nn.Parameter, gradient: torch.Tensor, lr: float) -> None:
-        beta1, beta2 = self.betas
         state = self.state.get(param)
         if state is None:
             state = self.state[param] = [torch.zeros_like(param), torch.zeros_like(param)]
-        exp_avg, exp_avg_sq = state
         step = self.steps[param] = self.steps.get(param, 0) + 1
-        exp_avg.lerp_(gradient, 1 - beta1)
-        exp_avg_sq.mul_(beta2).addcmul_(gradient, gradient, value=1 - beta2)
-        step_size = lr / (1 - beta1 ** float(step))
-        denom = (exp_avg_sq.sqrt() / (1 - beta2 ** float(step)) ** 0.5).add_(ADAM_EPS)
-        param.addcdiv_(exp_avg, denom, value=-step_size)
+        adam_update_(param, gradient, state[0], state[1], step, lr, self.betas)

@@ -8,13 +8,11 @@ norm clipped per client. The state is fresh per local phase, as the sequential e
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from .optim import adam_update_
 from .types import OptimizerSpec, Tensors
 
-ADAM_EPS = 1e-8  # torch.optim.Adam's default
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
 
 
@@ -72,10 +70,5 @@ class FunctionalOptimizer:
             param.add_(g, alpha=-self.lr[n])
 
     def _adam_(self, n: str, param: torch.Tensor, g: torch.Tensor, step: int, rows: slice) -> None:
-        beta1, beta2 = self.spec.betas
         exp_avg, exp_avg_sq = (s[rows] for s in self.state[n])
-        exp_avg.lerp_(g, 1 - beta1)
-        exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        step_size = self.lr[n] / (1 - beta1**step)
-        denom = (exp_avg_sq.sqrt() / math.sqrt(1 - beta2**step)).add_(ADAM_EPS)
-        param.addcdiv_(exp_avg, denom, value=-step_size)
+        adam_update_(param, g, exp_avg, exp_avg_sq, step, self.lr[n], self.spec.betas)
