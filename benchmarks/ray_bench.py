@@ -35,12 +35,12 @@ ROOT = Path(__file__).resolve().parent.parent
 PFLBENCH = [str(Path(sys.executable).parent / "pflbench")]
 
 
-def sweep_args(tiny: bool, seeds: int = 4) -> list[str]:
-    """2 × ``seeds`` runs (2 algorithms; default 8 runs); each a few seconds on one core (tiny: well under one)."""
+def sweep_args(tiny: bool, seeds: int = 4, rounds: int = 15) -> list[str]:
+    """2 × ``seeds`` runs (2 algorithms; default 8 runs); each ~5 s on one core at 15 rounds (tiny: well under one)."""
     size = (
         ["--num-clients", "6", "--rounds", "2", "--model", "mlp"]
         if tiny
-        else ["--num-clients", "20", "--rounds", "15", "--model", "cnn"]
+        else ["--num-clients", "20", "--rounds", str(rounds), "--model", "cnn"]
     )
     return [
         "sweep",
@@ -65,17 +65,25 @@ def timed(command: list[str]) -> float:
     return time.perf_counter() - started
 
 
-def bench_sweep(tiny: bool, seeds: int = 4) -> dict[str, Any]:
+def run_times(out: str) -> list[float]:
+    """Each finished run's own wall time (summary.json), in seconds."""
+    return [json.loads(p.read_text())["wall_time_s"] for p in sorted(Path(out).glob("runs/*/summary.json"))]
+
+
+def bench_sweep(tiny: bool, seeds: int = 4, rounds: int = 15) -> dict[str, Any]:
+    cores = os.cpu_count() or 1
     with tempfile.TemporaryDirectory() as folder:
-        args = sweep_args(tiny, seeds)
+        args = sweep_args(tiny, seeds, rounds)
         runs = 2 * seeds
         local = timed([*PFLBENCH, *args, "--out", f"{folder}/local"])
+        sequential_runs = run_times(f"{folder}/local")
         on_ray = timed([*PFLBENCH, *args, "--ray", "--cpus-per-run", "1", "--out", f"{folder}/ray"])
+        ray_runs = run_times(f"{folder}/ray")
         # a cluster's usual state: Ray already running (`ray start --head`), the sweep joins it
         ray_cli = str(Path(sys.executable).parent / "ray")
-        cores = str(os.cpu_count())
+        head_cpus = str(cores)
         head = timed(
-            [ray_cli, "start", "--head", "--num-cpus", cores, "--include-dashboard=false", "--disable-usage-stats"]
+            [ray_cli, "start", "--head", "--num-cpus", head_cpus, "--include-dashboard=false", "--disable-usage-stats"]
         )
         try:
             joined = timed(
@@ -85,7 +93,14 @@ def bench_sweep(tiny: bool, seeds: int = 4) -> dict[str, Any]:
             subprocess.run([ray_cli, "stop", "--force"], capture_output=True)
     return {
         "runs": runs,
-        "cores": os.cpu_count(),
+        "cores": cores,
+        "rounds_per_run": rounds,
+        "mean_run_s_sequential": statistics.mean(sequential_runs),
+        "mean_run_s_ray": statistics.mean(ray_runs),
+        # what the Ray sweep spends beyond its runs' own time spread over the cores:
+        # start-up (instance, worker imports), the last run's tail, shutdown
+        "ray_fixed_s": on_ray - sum(ray_runs) / cores,
+        "sequential_fixed_s": local - sum(sequential_runs),
         "sequential_s": local,
         "ray_s": on_ray,
         "sequential_runs_per_s": runs / local,
@@ -183,17 +198,20 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="minute-sized check of the scripts")
     parser.add_argument("--out", help="JSON file for the results")
     parser.add_argument("--seeds", type=int, default=4, help="sweep: 2 algorithms × this many seeds (default 8 runs)")
+    parser.add_argument("--rounds", type=int, default=15, help="sweep: rounds per run (15: ~5 s per run on one core)")
     options = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     results: dict[str, Any] = {"tiny": options.tiny, "cores": os.cpu_count()}
     if options.what in ("sweep", "all"):
-        results["sweep"] = bench_sweep(options.tiny, options.seeds)
+        results["sweep"] = bench_sweep(options.tiny, options.seeds, options.rounds)
         s = results["sweep"]
         print(
-            f"sweep of {s['runs']} runs: sequential {s['sequential_s']:.1f}s, ray {s['ray_s']:.1f}s, "
+            f"sweep of {s['runs']} runs of {s['mean_run_s_sequential']:.1f}s (sequential; "
+            f"{s['mean_run_s_ray']:.1f}s in Ray workers): sequential {s['sequential_s']:.1f}s, ray {s['ray_s']:.1f}s, "
             f"throughput ×{s['throughput_ratio']:.2f}; joining a running instance (`ray start --head` "
             f"{s['ray_start_head_s']:.1f}s before) {s['running_instance_s']:.1f}s, "
-            f"throughput ×{s['running_instance_throughput_ratio']:.2f}"
+            f"throughput ×{s['running_instance_throughput_ratio']:.2f}; Ray's fixed cost "
+            f"{s['ray_fixed_s']:.1f}s (sequential's {s['sequential_fixed_s']:.1f}s)"
         )
     if options.what in ("round", "overhead", "all"):
         from pflbench.ray_support import connect

@@ -167,6 +167,7 @@ def run_sweep_on_ray(
     from ray.exceptions import RayError
 
     from .engine.ray_executor import release_pool
+    from .sweep_parallel import dispatch_order
 
     release_pool()  # idle client actors of earlier --executor ray runs would hold CPUs
 
@@ -176,12 +177,15 @@ def run_sweep_on_ray(
     )
     record.parent.mkdir(parents=True, exist_ok=True)
     pending: dict[Any, int] = {}
+    todo = []
     for index, run in enumerate(runs):
         if (run.run_dir / "summary.json").is_file():
             run.status = "skipped"
             if report is not None:
                 report(index, run, None)
-            continue
+        else:
+            todo.append((index, run))
+    for index, run in dispatch_order(todo):  # Ray starts queued tasks in submission order
         pending[
             task.remote(run.config, run.algo_options, run.name, sources, plugins, sys.argv, max(1, int(cpus_per_run)))
         ] = index

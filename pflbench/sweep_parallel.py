@@ -5,11 +5,17 @@ with ``threads // N`` threads, so N runs share the cores instead of oversubscrib
 run's numbers do not depend on the process it runs in: ``--jobs N`` writes the same metrics as
 ``--jobs 1`` (at equal threads per run). The driver keeps the sweep record; a worker writes its
 run's folder (and ``error.json`` when the run raises), as a sequential sweep does.
+
+Runs are handed out in ``dispatch_order`` (also used by ``sweep --ray``): the most work first and
+runs that differ only in their seed next to each other. In grid order (seeds outer, algorithms
+inner) two algorithms on two workers alternate, so each worker got every run of *one*
+algorithm and the faster one's worker sat idle at the end (8 runs of 16.6 s: 12 s of one core).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import multiprocessing
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -19,6 +25,25 @@ from typing import Any
 from .threads import threads_per_job
 
 _LOADED_PLUGINS: set[str] = set()
+
+
+def estimated_work(config: Any) -> int:
+    """Local training steps a run does, up to the dataset's size: rounds × sampled clients × epochs."""
+    return config.rounds * config.sampled_per_round * max(1, config.local_epochs)
+
+
+def dispatch_order(todo: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """``todo`` ((index, run) pairs) in the order to hand out to parallel workers: most estimated
+    work first (a long run started last would finish alone), then grouped by everything but the
+    seed (equal-length runs in a row spread evenly over the workers); the grid index breaks ties."""
+
+    def key(item: tuple[int, Any]) -> tuple[Any, ...]:
+        index, run = item
+        c = run.config
+        setting = json.dumps(run.overrides, sort_keys=True, default=str)
+        return (-estimated_work(c), c.dataset, c.algo, setting, c.alpha, c.seed, index)
+
+    return sorted(todo, key=key)
 
 
 def run_in_worker(run: Any, plugins: tuple[str, ...]) -> tuple[str, dict[str, Any] | None, str | None]:
@@ -56,7 +81,7 @@ def run_parallel(
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context)
     in_flight: dict[Future, tuple[int, Any]] = {}
     try:
-        for index, run in todo:
+        for index, run in dispatch_order(todo):
             in_flight[pool.submit(run_in_worker, with_job_threads(run, jobs), plugins)] = (index, run)
         while in_flight:
             done, _ = wait(in_flight, return_when=FIRST_COMPLETED)

@@ -94,3 +94,34 @@ def test_sweep_jobs_2_gives_the_metrics_of_jobs_1_and_keeps_skip_and_errors(tmp_
     runs = expand_grid(base, again)  # rerun: finished runs are skipped (no worker is started)
     run_sweep(runs, tmp_path / "again.json", again, base, (), jobs=2)
     assert [r.status for r in runs] == ["skipped", "skipped"]
+
+
+def test_dispatch_order_groups_seeds_of_one_setting_and_puts_the_most_work_first(tmp_path) -> None:
+    from pflbench.sweep_parallel import dispatch_order
+
+    base = RunConfig(model="mlp", num_clients=4, rounds=2, out=str(tmp_path))
+    grid = Grid(algos=("fedavg", "fedprox"), datasets=("digits",), alphas=(0.5,), seeds=(0, 1, 2, 3))
+    runs = expand_grid(base, grid)
+    # grid order: seeds outer, algorithms inner — on 2 workers each would get one algorithm only
+    assert [(r.config.algo, r.config.seed) for r in runs][:4] == [
+        ("fedavg", 0),
+        ("fedprox", 0),
+        ("fedavg", 1),
+        ("fedprox", 1),
+    ]
+    order = dispatch_order(list(enumerate(runs)))
+    assert [(r.config.algo, r.config.seed) for _, r in order] == [
+        ("fedavg", 0),
+        ("fedavg", 1),
+        ("fedavg", 2),
+        ("fedavg", 3),
+        ("fedprox", 0),
+        ("fedprox", 1),
+        ("fedprox", 2),
+        ("fedprox", 3),
+    ]
+    assert sorted(index for index, _ in order) == list(range(8))  # every run once, grid index kept
+    # a run with more rounds goes first, wherever it sits in the grid
+    longer = dataclasses.replace(runs[5].config, rounds=10)
+    runs[5] = dataclasses.replace(runs[5], config=longer)
+    assert dispatch_order(list(enumerate(runs)))[0] == (5, runs[5])
