@@ -10,8 +10,8 @@ from click.core import ParameterSource
 from click.testing import CliRunner
 
 from pflbench.cli import cli
-from pflbench.cli.bench import sweep, sweep_plan
 from pflbench.cli.run import run_command
+from pflbench.cli.sweep import sweep_command, sweep_plan
 from pflbench.sweep import expand_grid
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,7 +149,7 @@ def test_run_from_a_config_file_equals_the_same_options(tmp_path: Path) -> None:
 
 def test_paper_example_parses_into_the_expected_grid() -> None:
     path = ROOT / "examples" / "paper_digits.toml"
-    ctx = parse(sweep, "--config", str(path))
+    ctx = parse(sweep_command, "--config", str(path))
     with ctx:
         base, grid = sweep_plan(**{k: v for k, v in ctx.params.items() if k not in ("quiet", "dry_run", "plugin")})
         runs = expand_grid(base, grid)
@@ -178,7 +178,7 @@ mu = [0.01, 0.1]
 lr = [0.05]
 """,
     )
-    ctx = parse(sweep, "--config", str(config), "--seeds", "3")
+    ctx = parse(sweep_command, "--config", str(config), "--seeds", "3")
     with ctx:
         base, grid = sweep_plan(**{k: v for k, v in ctx.params.items() if k not in ("quiet", "dry_run", "plugin")})
         runs = expand_grid(base, grid)

@@ -3,7 +3,7 @@
 - ``run.py``: ``run``, ``list``, ``partition``
 - ``rerun.py``: ``rerun`` (a run again from its config.json)
 - ``config_file.py``: ``--config FILE`` (TOML/YAML) for ``run`` and ``sweep``
-- ``bench.py``: ``sweep``, ``leaderboard``
+- ``sweep.py``: ``sweep``; ``leaderboard.py``: ``leaderboard``
 - ``pretrain.py``: ``pretrain``
 - ``options.py``: dataclass → click options; one ``Error:`` line and exit code 2 for bad input
 - plugin commands (e.g. FedSDG's ``gates``) come from the ``pflbench.commands`` entry points.
@@ -19,11 +19,12 @@ from importlib.metadata import entry_points
 
 import click
 
-from .bench import leaderboard_command, sweep
+from .leaderboard import leaderboard_command
 from .options import PflbenchGroup
 from .pretrain import pretrain_command
 from .rerun import rerun_command
 from .run import list_command, partition_command, run_command
+from .sweep import sweep_command
 
 
 @click.group(cls=PflbenchGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -37,7 +38,7 @@ for command in (
     rerun_command,
     list_command,
     partition_command,
-    sweep,
+    sweep_command,
     leaderboard_command,
     pretrain_command,
 ):
