@@ -3,8 +3,8 @@
   OMP_NUM_THREADS=1 .venv/bin/python benchmarks/ray_bench.py all --out bench-ray.json
   OMP_NUM_THREADS=1 .venv/bin/python benchmarks/ray_bench.py all --tiny      # a quick check
 
-- ``sweep``: the same grid of ≥ 8 small runs as ``pflbench sweep`` (one process, one run after
-  another) and as ``pflbench sweep --ray`` (local Ray instance with every core, one CPU per run),
+- ``sweep``: the same grid of ≥ 8 small runs (~17 s each; ``--rounds 15``: ~6 s) as ``pflbench
+  sweep`` (one process, one run after another) and as ``pflbench sweep --ray`` (local Ray instance with every core, one CPU per run),
   both as fresh CLI processes, so start-up (Python, torch, Ray) counts. Reports runs/s and the ratio;
   then the same sweep joining an already running instance (``ray start --head``, then
   ``--ray-address auto``: how a cluster is used), whose start-up is reported separately.
@@ -35,8 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PFLBENCH = [str(Path(sys.executable).parent / "pflbench")]
 
 
-def sweep_args(tiny: bool, seeds: int = 4, rounds: int = 15) -> list[str]:
-    """2 × ``seeds`` runs (2 algorithms; default 8 runs); each ~5 s on one core at 15 rounds (tiny: well under one)."""
+def sweep_args(tiny: bool, seeds: int = 4, rounds: int = 45) -> list[str]:
+    """2 × ``seeds`` runs (2 algorithms; default 8 runs); each ~17 s on one core at 45 rounds, ~6 s at 15
+    (tiny: well under one)."""
     size = (
         ["--num-clients", "6", "--rounds", "2", "--model", "mlp"]
         if tiny
@@ -70,7 +71,7 @@ def run_times(out: str) -> list[float]:
     return [json.loads(p.read_text())["wall_time_s"] for p in sorted(Path(out).glob("runs/*/summary.json"))]
 
 
-def bench_sweep(tiny: bool, seeds: int = 4, rounds: int = 15) -> dict[str, Any]:
+def bench_sweep(tiny: bool, seeds: int = 4, rounds: int = 45) -> dict[str, Any]:
     cores = os.cpu_count() or 1
     with tempfile.TemporaryDirectory() as folder:
         args = sweep_args(tiny, seeds, rounds)
@@ -198,7 +199,9 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="minute-sized check of the scripts")
     parser.add_argument("--out", help="JSON file for the results")
     parser.add_argument("--seeds", type=int, default=4, help="sweep: 2 algorithms × this many seeds (default 8 runs)")
-    parser.add_argument("--rounds", type=int, default=15, help="sweep: rounds per run (15: ~5 s per run on one core)")
+    parser.add_argument(
+        "--rounds", type=int, default=45, help="sweep: rounds per run (45: ~17 s per run on one core; 15: ~6 s)"
+    )
     options = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     results: dict[str, Any] = {"tiny": options.tiny, "cores": os.cpu_count()}
