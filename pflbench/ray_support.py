@@ -11,6 +11,7 @@ with ``num_cpus`` CPUs (default: this machine's). A process that already called 
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from types import ModuleType
@@ -26,6 +27,7 @@ QUIET_SYSTEM_CONFIG = {
     "metrics_report_interval_ms": 100_000_000,
     "enable_metrics_collection": False,
 }
+TOKEN_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
 PLUGIN_PREFIX = "pflbench_plugin_"  # module names of --plugin files (registry.load_plugin_file)
 
 
@@ -54,7 +56,15 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> ModuleTy
                 "RAY_AUTH_MODE=token and the cluster's token (~/.ray/auth_token)"
             ) from error
     else:
-        ray.init(num_cpus=num_cpus or os.cpu_count() or 1, _system_config=QUIET_SYSTEM_CONFIG, **options)
+        # a new local instance turns token authentication on (RAY_AUTH_MODE unset) and says so in
+        # a WARNING line at every start: not shown (the instance is this process's own)
+        notice = logging.getLogger(TOKEN_NOTICE_LOGGER)
+        level = notice.level
+        notice.setLevel(logging.ERROR)
+        try:
+            ray.init(num_cpus=num_cpus or os.cpu_count() or 1, _system_config=QUIET_SYSTEM_CONFIG, **options)
+        finally:
+            notice.setLevel(level)
     return ray
 
 

@@ -11,6 +11,7 @@ import csv
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -306,3 +307,30 @@ def test_ray_hosts_every_added_algorithm_with_the_sequential_numbers(algo: str, 
     execute(prepare(RunConfig(algo=algo, out=str(tmp_path / "seq"), **settings)))
     execute(prepare(RunConfig(algo=algo, out=str(tmp_path / "ray"), executor="ray", ray_workers=2, **settings)))
     assert comparable(run_folder(tmp_path / "ray")) == comparable(run_folder(tmp_path / "seq"))
+
+
+@needs_ray
+def test_local_instance_starts_without_a_warning_line_and_with_ray_s_auth_default(tmp_path: Path) -> None:
+    """A new user's `sweep --ray` shows no Ray WARNING line; token authentication stays as Ray sets
+    it for a new local instance (on when RAY_AUTH_MODE is unset), the user's mode is kept."""
+    script = (
+        "import os, ray\n"
+        "from pflbench.ray_support import connect\n"
+        "connect(None, 1)\n"
+        "from ray._private.authentication import authentication_token_setup as auth\n"
+        "print('mode', os.environ.get('RAY_AUTH_MODE'), auth.get_authentication_mode() == auth.AuthenticationMode.TOKEN)\n"
+        "ray.shutdown()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "mode token True" in done.stdout
+    assert "WARNING" not in done.stderr, done.stderr[-2000:]
+    disabled = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**env, "RAY_AUTH_MODE": "disabled"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "mode disabled False" in disabled.stdout, disabled.stderr[-2000:]
