@@ -17,9 +17,9 @@ import time
 
 import numpy as np
 
-from pflbench.config import RunConfig
+from pflbench.config.run_config import RunConfig
 from pflbench.engine import EvalJob, Federation
-from pflbench.runner import prepare
+from pflbench.runs.prepare import prepare
 
 
 def median_time(function, repeats: int) -> float:

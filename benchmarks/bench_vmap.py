@@ -25,10 +25,10 @@ import time
 
 import torch
 
-from pflbench.config import RunConfig
+from pflbench.config.run_config import RunConfig
 from pflbench.engine import ClientJob
-from pflbench.runner import prepare
-from pflbench.seeding import derive_seed
+from pflbench.runs.prepare import prepare
+from pflbench.util.seeding import derive_seed
 
 
 def steps_per_second(config: RunConfig, repeats: int) -> tuple[float, int]:

@@ -114,8 +114,9 @@ def bench_sweep(tiny: bool, seeds: int = 4, rounds: int = 45) -> dict[str, Any]:
 
 
 def round_times(executor: str, clients: int, epochs: int, rounds: int, tiny: bool) -> list[float]:
-    from pflbench.config import RunConfig
-    from pflbench.runner import execute, prepare
+    from pflbench.config.run_config import RunConfig
+    from pflbench.runs.execute import execute
+    from pflbench.runs.prepare import prepare
 
     dataset = dict(
         dataset="synthetic",
@@ -217,7 +218,7 @@ def main() -> None:
             f"{s['ray_fixed_s']:.1f}s (sequential's {s['sequential_fixed_s']:.1f}s)"
         )
     if options.what in ("round", "overhead", "all"):
-        from pflbench.ray_support import connect
+        from pflbench.util.ray_cluster import connect
 
         connect(None)  # one local instance for the in-process measurements
         round_times("ray", 4, 1, 2, options.tiny)  # warm-up: the actors start (and are then reused)

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pflbench.config import RunConfig
-from pflbench.runner import prepare
+from pflbench.config.run_config import RunConfig
+from pflbench.runs.prepare import prepare
 from pflbench.testing import Harness
 
 ROUNDS = 3

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
-from .config import RunConfig, option  # noqa: E402
-from .errors import ConfigError  # noqa: E402
-from .registry import register_algorithm, register_dataset, register_model, register_partitioner  # noqa: E402
+from pflbench._version import __version__ as __version__
+from pflbench.config.run_config import RunConfig, option  # noqa: E402
+from pflbench.errors import ConfigError  # noqa: E402
+from pflbench.registry import register_algorithm, register_dataset, register_model, register_partitioner  # noqa: E402
 
 _LAZY = {
     "Algorithm": "engine",
@@ -35,11 +34,11 @@ _LAZY = {
     "mean_terms": "engine",
     "sample_weights": "engine",
     "weighted_average": "engine",
-    "run_experiment": "runner",
+    "run_experiment": "runs.api",
 }
 
 if TYPE_CHECKING:
-    from .engine import (
+    from pflbench.engine import (
         Algorithm,
         ClientJob,
         ClientProgram,
@@ -57,14 +56,14 @@ if TYPE_CHECKING:
         sample_weights,
         weighted_average,
     )
-    from .runner import run_experiment
+    from pflbench.runs.api import run_experiment
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        return getattr(importlib.import_module(f"pflbench.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'pflbench' has no attribute {name!r}")
 
 

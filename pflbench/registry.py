@@ -18,7 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .errors import ConfigError
+from pflbench.errors import ConfigError
 
 _registration_log: list[tuple[str, str]] = []
 

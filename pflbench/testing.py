@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .engine import ClientJob, ClientUpdate, Federation, Observer, Tensors, load_into
-from .engine.observers import RoundCallback
-from .seeding import derive_seed
+from pflbench.engine import ClientJob, ClientUpdate, Federation, Observer, Tensors, load_into
+from pflbench.engine.observers import RoundCallback
+from pflbench.util.seeding import derive_seed
 
 
 class TrafficObserver(Observer):

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from pflbench.config import RunConfig
+from pflbench.config.run_config import RunConfig
 from pflbench.registry import ALGORITHMS
-from pflbench.runner import run_experiment
+from pflbench.runs.api import run_experiment
 
 # Settings an algorithm needs beyond the shared ones: FedBN keeps BatchNorm layers local (the mlp
 # has none, which it refuses); SCAFFOLD's correction is defined for plain SGD only.

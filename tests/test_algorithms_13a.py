@@ -29,11 +29,13 @@ from pflbench.algorithms.pfedme import (
     pfedme_inner_solve,
     pfedme_server_update,
 )
-from pflbench.config import RunConfig
+from pflbench.config.run_config import RunConfig
 from pflbench.engine import ClientJob, LocalTrainer, NoHyperparameters
 from pflbench.errors import ConfigError
-from pflbench.models import build_model
-from pflbench.runner import execute, prepare, run_experiment
+from pflbench.models.zoo import build_model
+from pflbench.runs.api import run_experiment
+from pflbench.runs.execute import execute
+from pflbench.runs.prepare import prepare
 
 LR = 0.1
 
@@ -332,7 +334,7 @@ def test_finetune_epochs_is_refused_without_a_global_model(tmp_path):
 
 
 def test_a_sweep_fine_tunes_only_the_algorithms_with_a_global_model():
-    from pflbench.sweep import Grid, expand_grid
+    from pflbench.sweeps.local import Grid, expand_grid
 
     runs = expand_grid(RunConfig(model="mlp", finetune_epochs=3), Grid(("fedavg", "fedper"), ("digits",), (0.5,), (0,)))
     assert {r.config.algo: r.config.finetune_epochs for r in runs} == {"fedavg": 3, "fedper": 0}

@@ -33,12 +33,13 @@ from pflbench.algorithms.scaffold import (
     corrected_gradient,
 )
 from pflbench.algorithms.scaffold import server_update as scaffold_server_update
-from pflbench.config import RunConfig
-from pflbench.data import FederatedData, TensorDataset
+from pflbench.config.run_config import RunConfig
+from pflbench.data.dataset import FederatedData, TensorDataset
 from pflbench.engine import ClientJob, NoHyperparameters, SequentialExecutor
 from pflbench.errors import ConfigError
-from pflbench.models import MLP, BatchNormCNN
-from pflbench.runner import execute, prepare
+from pflbench.models.zoo import MLP, BatchNormCNN
+from pflbench.runs.execute import execute
+from pflbench.runs.prepare import prepare
 
 RESOLVED = {"lr": 0.1, "optimizer": "sgd", "max_grad_norm": 0.0, "public_frac": 0.0, "model": "mlp"}
 

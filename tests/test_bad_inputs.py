@@ -162,7 +162,7 @@ def test_table_is_large_enough() -> None:
 def test_disk_full_during_a_run_is_one_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
 
-    from pflbench.results import RunWriter
+    from pflbench.store.writer import RunWriter
 
     def full(self, record):
         raise OSError(errno.ENOSPC, "No space left on device", str(self.run_dir / "rounds.jsonl"))

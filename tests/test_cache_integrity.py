@@ -14,13 +14,14 @@ import torch
 from PIL import Image
 
 import pflbench.datasets.local_files as local_files
-from pflbench import cache
-from pflbench.config import RunConfig
-from pflbench.data import TensorDataset, cache_dir, load_dataset
+from pflbench.config.run_config import RunConfig
+from pflbench.data.dataset import TensorDataset, cache_dir, load_dataset
+from pflbench.data.partition import public_split
 from pflbench.errors import ConfigError
-from pflbench.models import build_model, load_weights
-from pflbench.pretrain import pretrain_backbone, public_split
+from pflbench.models.pretrain import pretrain_backbone
+from pflbench.models.zoo import build_model, load_weights
 from pflbench.registry import DATASETS, register_dataset
+from pflbench.util import cache
 
 REPO = Path(__file__).resolve().parents[1]
 CONVERSIONS: list[int] = []  # one entry per call of the probe loader

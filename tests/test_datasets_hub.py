@@ -1,7 +1,7 @@
 """Hub datasets (mnist, fashion_mnist, cifar10, cifar100) and local files (imagefolder, parquet).
 
 Everything runs offline on tiny generated files with the hub datasets' real schemas, laid out
-like the hub repositories, loaded through ``pflbench.data.load_dataset``.
+like the hub repositories, loaded through ``pflbench.data.dataset.load_dataset``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from PIL import Image as PILImage
 
 import datasets
 from datasets import ClassLabel, Dataset, Features, Image, Value
-from pflbench.data import load_dataset
+from pflbench.data.dataset import load_dataset
 from pflbench.errors import ConfigError
 
 CIFAR10_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from pflbench.config import RunConfig, resolve
-from pflbench.defaults import (
+from pflbench.config.defaults import (
     BASE_DEFAULTS,
     DEFAULTS_BY_FAMILY,
     DEFAULTS_BY_FAMILY_AND_ALGORITHM,
     LORA_RUN_DEFAULTS,
     model_family,
 )
+from pflbench.config.run_config import RunConfig, resolve
 from pflbench.registry import ALGORITHMS
 
 SMALL_LR = DEFAULTS_BY_FAMILY["small"]["lr"]
@@ -90,7 +90,8 @@ def test_every_builtin_algorithm_resolves_a_learning_default() -> None:
 
 
 def test_a_short_run_with_the_defaults_learns_and_records_them(tmp_path: Path) -> None:
-    from pflbench.runner import execute, prepare
+    from pflbench.runs.execute import execute
+    from pflbench.runs.prepare import prepare
 
     # default lr, batch, optimizer; fewer clients and rounds to stay fast
     prepared = prepare(RunConfig(model="mlp", num_clients=5, rounds=10, out=str(tmp_path)))

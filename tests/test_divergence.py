@@ -12,10 +12,11 @@ import torch
 from click.testing import CliRunner
 
 from pflbench.cli import cli
-from pflbench.config import RunConfig
+from pflbench.config.run_config import RunConfig
 from pflbench.engine import ClientUpdate, Diverged
 from pflbench.engine.federation import check_finite
-from pflbench.runner import RunDiverged, run_experiment
+from pflbench.runs.api import run_experiment
+from pflbench.runs.execute import RunDiverged
 
 TINY = ["--dataset", "digits", "--model", "mlp", "--num-clients", "3", "--rounds", "4", "--quiet"]
 

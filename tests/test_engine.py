@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from pflbench.algorithms.fedprox import proximal_term
-from pflbench.config import RunConfig
+from pflbench.config.run_config import RunConfig
 from pflbench.engine import ClientStateStore, ClientUpdate, tensor_bytes, weighted_average
 from pflbench.registry import ALGORITHMS
-from pflbench.runner import prepare
+from pflbench.runs.prepare import prepare
 from pflbench.testing import Harness
 
 
@@ -204,7 +204,7 @@ def test_inert_settings_do_not_change_the_run_identity() -> None:
     """Defect: every field was hashed, so inert options split run folders and leaderboard rows."""
     from pflbench.algorithms.fedavg import FedAvg
     from pflbench.algorithms.fedper import FedPer
-    from pflbench.config import resolve, run_name
+    from pflbench.config.run_config import resolve, run_name
 
     def name(algorithm=FedAvg, **settings):
         config, _ = resolve(RunConfig(**settings), algorithm, algorithm.hyperparameters())

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from pflbench.config import RunConfig
+from pflbench.config.run_config import RunConfig
 from pflbench.engine import EvalJob
 from pflbench.engine.evaluation import evaluate_heads, head_split
 from pflbench.engine.vmap import VmapExecutor
-from pflbench.models import body_stages, build_model
-from pflbench.runner import execute, prepare
+from pflbench.models.zoo import body_stages, build_model
+from pflbench.runs.execute import execute
+from pflbench.runs.prepare import prepare
 
 
 def per_client_counts(prepared) -> np.ndarray:

@@ -11,9 +11,9 @@ import torch
 
 from pflbench import ClientProgram
 from pflbench.algorithms.fedsdg import GatedLoRALinear, fedsdg_server_aggregate, gate_penalty, weight_statistics
-from pflbench.config import RunConfig
+from pflbench.config.run_config import RunConfig
 from pflbench.registry import ALGORITHMS
-from pflbench.runner import prepare
+from pflbench.runs.prepare import prepare
 from pflbench.testing import Harness
 
 T = torch.tensor

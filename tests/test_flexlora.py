@@ -18,12 +18,13 @@ from pflbench.algorithms.flexlora import (
     svd_redistribute,
     truncate_factors,
 )
-from pflbench.config import RunConfig
+from pflbench.config.run_config import RunConfig
 from pflbench.engine import tensor_bytes
 from pflbench.errors import ConfigError
-from pflbench.runner import execute, prepare
-from pflbench.seeding import rng_stream
+from pflbench.runs.execute import execute
+from pflbench.runs.prepare import prepare
 from pflbench.testing import Harness
+from pflbench.util.seeding import rng_stream
 
 ALPHA = 16.0
 

@@ -13,11 +13,12 @@ from click.testing import CliRunner
 
 from pflbench import registry
 from pflbench.cli import cli
-from pflbench.latex import table_label, to_latex
-from pflbench.leaderboard import curve_bands, load_runs, pivot, write_plots
-from pflbench.names import display_name, quantity
-from pflbench.plots import curve_figure
-from pflbench.tables import to_html, to_markdown
+from pflbench.report.latex import table_label, to_latex
+from pflbench.report.leaderboard import curve_bands, pivot, write_plots
+from pflbench.report.names import display_name, quantity
+from pflbench.report.plots import curve_figure
+from pflbench.report.render import to_html, to_markdown
+from pflbench.store.reader import load_runs
 
 
 def _sibling(name: str):

@@ -16,10 +16,12 @@ import pytest
 from click.testing import CliRunner
 
 from pflbench.cli import cli
-from pflbench.config import RunConfig, with_base_defaults
+from pflbench.config.run_config import RunConfig, with_base_defaults
 from pflbench.errors import ConfigError
-from pflbench.leaderboard import RunFolderWarning, cells, curve_bands, load_runs, pivot
-from pflbench.tables import to_csv, to_html, to_latex, to_markdown
+from pflbench.report.latex import to_latex
+from pflbench.report.leaderboard import cells, curve_bands, pivot
+from pflbench.report.render import to_csv, to_html, to_markdown
+from pflbench.store.reader import RunFolderWarning, load_runs
 
 MB = 2**20
 # (algo, alpha) → final pers_acc per seed, final global_acc per seed (None: no global model)

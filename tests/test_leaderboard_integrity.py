@@ -13,8 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from pflbench.cli import cli
-from pflbench.leaderboard import cells, load_runs, pivot, run_identity
-from pflbench.tables import to_html, to_markdown
+from pflbench.report.leaderboard import cells, pivot
+from pflbench.report.render import to_html, to_markdown
+from pflbench.store.reader import load_runs, run_identity
 
 
 def _sibling(name: str):

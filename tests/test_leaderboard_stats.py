@@ -11,10 +11,11 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from pflbench import stats
 from pflbench.cli import cli
-from pflbench.leaderboard import cells, load_runs, pivot, row_ranks
-from pflbench.tables import to_csv, to_markdown
+from pflbench.report import stats
+from pflbench.report.leaderboard import cells, pivot, row_ranks
+from pflbench.report.render import to_csv, to_markdown
+from pflbench.store.reader import load_runs
 
 
 def _sibling(name: str):

@@ -9,11 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from pflbench.config import RunConfig
+from pflbench.config.run_config import RunConfig
 from pflbench.errors import ConfigError
-from pflbench.lora import LoRALinear, apply_lora, lora_layers
-from pflbench.models import build_model, head_parameter_names, load_weights, vit_patch_size
-from pflbench.runner import execute, prepare
+from pflbench.models.lora import LoRALinear, apply_lora, lora_layers
+from pflbench.models.zoo import build_model, head_parameter_names, load_weights, vit_patch_size
+from pflbench.runs.execute import execute
+from pflbench.runs.prepare import prepare
 from pflbench.testing import Harness
 
 TINY_VIT = ("depth=2", "embed_dim=16", "num_heads=2")

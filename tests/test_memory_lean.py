@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pflbench.data import TensorDataset
+from pflbench.data.dataset import TensorDataset
 from pflbench.datasets.builtin import synthetic
 
 

@@ -13,11 +13,13 @@ import torch
 
 import datasets
 from datasets import ClassLabel, Dataset, Features, Image, Value
-from pflbench.config import RunConfig
-from pflbench.data import FederatedData, TensorDataset, load_dataset
+from pflbench.config.run_config import RunConfig
+from pflbench.data.dataset import FederatedData, TensorDataset, load_dataset
+from pflbench.data.partition import make_partition
 from pflbench.errors import ConfigError
-from pflbench.models import build_model, head_module_names
-from pflbench.runner import execute, make_partition, prepare
+from pflbench.models.zoo import build_model, head_module_names
+from pflbench.runs.execute import execute
+from pflbench.runs.prepare import prepare
 from pflbench.testing import Harness
 
 FEMNIST_NAMES = list(string.digits + string.ascii_uppercase + string.ascii_lowercase)

@@ -1,4 +1,4 @@
-"""Tests for pflbench.partition (SPEC §2) and pflbench.plots.plot_label_distribution."""
+"""Tests for pflbench.data.partition (SPEC §2) and pflbench.report.plots.plot_label_distribution."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pflbench.errors import ConfigError
-from pflbench.partition import (
+from pflbench.data.partition import (
     dirichlet,
     dirichlet_client,
     iid,
@@ -21,6 +20,7 @@ from pflbench.partition import (
     shards,
     split_train_test,
 )
+from pflbench.errors import ConfigError
 
 NUM_CLASSES = 10
 # Imbalanced classes: class c has 40 + 15c samples (1075 in all).
@@ -412,7 +412,7 @@ def test_partition_stats_by_hand() -> None:
 
 
 def test_plot_label_distribution_writes_a_png(tmp_path: Path) -> None:
-    from pflbench.plots import plot_label_distribution
+    from pflbench.report.plots import plot_label_distribution
 
     labels = np.repeat(np.arange(10), 50)
     parts = dirichlet(labels, 10, rng(0), alpha=0.1)

@@ -12,17 +12,13 @@ import pytest
 from click.testing import CliRunner
 
 from pflbench.cli import cli
-from pflbench.config import RunConfig
-from pflbench.data import load_dataset
+from pflbench.config.run_config import RunConfig
+from pflbench.data.dataset import load_dataset
+from pflbench.data.flwr import FLWR_INSTALL_HINT, flwr_partition_document, flwr_partition_indices, require_flwr
+from pflbench.data.partition import make_partition
+from pflbench.data.presets import read_partition_file
 from pflbench.errors import ConfigError
-from pflbench.partition_io import (
-    FLWR_INSTALL_HINT,
-    flwr_partition_document,
-    flwr_partition_indices,
-    read_partition_file,
-    require_flwr,
-)
-from pflbench.runner import make_partition, prepare
+from pflbench.runs.prepare import prepare
 from pflbench.testing import Harness
 
 DIGITS_SIZE = 1797
@@ -430,7 +426,7 @@ def test_a_poisoned_pfllib_file_does_not_run_code(tmp_path: Path) -> None:
     """PFLlib pickles a dict into each .npz; pflbench rebuilds it without running any code."""
     import os
 
-    from pflbench.partition_io import safe_pickled_npz_entry
+    from pflbench.data.pfllib import safe_pickled_npz_entry
 
     marker = tmp_path / "pwned"
 

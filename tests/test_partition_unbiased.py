@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pflbench.data.partition import DIRICHLET_CUTS, dirichlet, largest_remainder_counts
 from pflbench.errors import ConfigError
-from pflbench.partition import DIRICHLET_CUTS, dirichlet, largest_remainder_counts
 
 NUM_CLASSES, PER_CLASS, K, SEEDS = 10, 100, 10, 200
 LABELS = np.repeat(np.arange(NUM_CLASSES), PER_CLASS)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pflbench.config import RunConfig
-from pflbench.models import build_model, head_parameter_names
-from pflbench.runner import prepare
+from pflbench.config.run_config import RunConfig
+from pflbench.models.zoo import build_model, head_parameter_names
+from pflbench.runs.prepare import prepare
 from pflbench.testing import Harness
 
 HEAD = {"fc3.weight", "fc3.bias"}  # the mlp's classifier

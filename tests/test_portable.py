@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pflbench.config import RunConfig, resolve, run_identity
+from pflbench.config.run_config import RunConfig, resolve, run_identity
 from pflbench.registry import ALGORITHMS
-from pflbench.results import without_local_paths
-from pflbench.runner import run_experiment
+from pflbench.runs.api import run_experiment
+from pflbench.store.writer import without_local_paths
 
 
 def test_absolute_paths_become_local_names_and_nothing_else_changes() -> None:

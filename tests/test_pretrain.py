@@ -13,13 +13,13 @@ from click.testing import CliRunner
 
 from pflbench.algorithms.fedavg import FedAvg
 from pflbench.cli import cli
-from pflbench.config import RunConfig, resolve
-from pflbench.data import load_dataset
+from pflbench.config.run_config import RunConfig, resolve
+from pflbench.data.dataset import load_dataset
+from pflbench.data.partition import make_partition, partition, split_train_test
 from pflbench.errors import ConfigError
-from pflbench.partition import partition, split_train_test
-from pflbench.runner import make_partition, prepare
-from pflbench.seeding import rng_stream
+from pflbench.runs.prepare import prepare
 from pflbench.testing import Harness
+from pflbench.util.seeding import rng_stream
 
 TINY_VIT = ("depth=1", "embed_dim=16", "num_heads=2")
 MODEL_ARGS = [*[arg for option in TINY_VIT for arg in ("--model-option", option)], "--pretrain-epochs", "2"]
@@ -107,7 +107,7 @@ def test_lora_run_defaults_fill_only_what_the_user_did_not_set() -> None:
 
 def test_library_and_cli_resolve_a_lora_run_the_same_way(tmp_path: Path) -> None:
     """A library call with the same arguments as the CLI gets the same resolved config."""
-    from pflbench.runner import prepare as prepare_run
+    from pflbench.runs.prepare import prepare as prepare_run
 
     library = prepare_run(lora_config(tmp_path)).config
     assert library.model == "vit_tiny_patch16_224" and library.optimizer == "adam"

@@ -20,9 +20,10 @@ import pytest
 from click.testing import CliRunner
 
 from pflbench.cli import cli
-from pflbench.config import RunConfig
+from pflbench.config.run_config import RunConfig
 from pflbench.registry import ALGORITHMS
-from pflbench.runner import execute, prepare
+from pflbench.runs.execute import execute
+from pflbench.runs.prepare import prepare
 
 try:
     import ray
@@ -315,7 +316,7 @@ def test_local_instance_starts_without_a_warning_line_and_with_ray_s_auth_defaul
     it for a new local instance (on when RAY_AUTH_MODE is unset), the user's mode is kept."""
     script = (
         "import os, ray\n"
-        "from pflbench.ray_support import connect\n"
+        "from pflbench.util.ray_cluster import connect\n"
         "connect(None, 1)\n"
         "from ray._private.authentication import authentication_token_setup as auth\n"
         "print('mode', os.environ.get('RAY_AUTH_MODE'), auth.get_authentication_mode() == auth.AuthenticationMode.TOKEN)\n"

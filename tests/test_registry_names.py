@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from pflbench.cli import cli
 from pflbench.errors import ConfigError
-from pflbench.models import build_model
+from pflbench.models.zoo import build_model
 from pflbench.registry import ALGORITHMS, MODELS, REGISTRIES, Registry, check_name, load_plugin_file
 
 TINY = ["--dataset", "digits", "--model", "mlp", "--num-clients", "3", "--rounds", "1", "--quiet"]

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pflbench import defaults
 from pflbench.cli import cli
+from pflbench.config import defaults
 from pflbench.errors import ConfigError
-from pflbench.rerun import (
+from pflbench.runs.rerun import (
     TIMING_KEYS,
     compare_rounds,
     default_rerun_out,

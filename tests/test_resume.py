@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from pflbench.checkpoint import CHECKPOINT_FILE
-from pflbench.config import RunConfig
-from pflbench.runner import run_experiment
+from pflbench.config.run_config import RunConfig
+from pflbench.runs.api import run_experiment
+from pflbench.runs.checkpoint import CHECKPOINT_FILE
 
 TIMING = {
     "round_time_s",
@@ -176,8 +176,8 @@ def test_checkpoint_of_other_settings_is_not_resumed(tmp_path: Path) -> None:
     is refused by its expected identity hash."""
     import torch
 
-    from pflbench.cache import save_entry
-    from pflbench.checkpoint import load_checkpoint
+    from pflbench.runs.checkpoint import load_checkpoint
+    from pflbench.util.cache import save_entry
 
     path = tmp_path / CHECKPOINT_FILE
     save_entry(path, {"global/w": torch.zeros(2)}, {"kind": "pflbench-checkpoint-v1", "identity_hash": "aaaa"})

@@ -12,10 +12,10 @@ import torch
 from click.testing import CliRunner
 
 from pflbench.cli import cli
-from pflbench.config import RunConfig, run_identity
-from pflbench.models import build_model
-from pflbench.runner import prepare
-from pflbench.saving import load_run_models
+from pflbench.config.run_config import RunConfig, run_identity
+from pflbench.models.saving import load_run_models
+from pflbench.models.zoo import build_model
+from pflbench.runs.prepare import prepare
 
 TINY = ["--dataset", "digits", "--model", "mlp", "--num-clients", "4", "--rounds", "3", "--lr", "0.05", "--quiet"]
 
@@ -86,9 +86,9 @@ def test_save_model_private_states_rebuild_the_personal_models(tmp_path: Path) -
 
 
 def test_save_model_torch_format_loads_weights_only(tmp_path: Path) -> None:
-    from pflbench.model_export import save_models
-    from pflbench.runner import execute
-    from pflbench.saving import save_run_models
+    from pflbench.models.saving import save_run_models
+    from pflbench.runs.execute import execute
+    from pflbench.runs.export import save_models
 
     prepared = prepare(
         RunConfig(algo="local", model="mlp", num_clients=3, rounds=1, lr=0.05, save_model=True, out=str(tmp_path))
@@ -118,7 +118,7 @@ def test_save_model_lora_run_exports_a_peft_adapter(tmp_path: Path) -> None:
             out=str(tmp_path),
         )
     )
-    from pflbench.runner import execute
+    from pflbench.runs.execute import execute
 
     execute(prepared)
     models = prepared.run_dir / "models"

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from pflbench.lora import LoRALinear, apply_lora, lora_layers
-from pflbench.saving import base_model_state, export_peft_adapter, load_run_models, save_run_models
+from pflbench.models.lora import LoRALinear, apply_lora, lora_layers
+from pflbench.models.saving import base_model_state, export_peft_adapter, load_run_models, save_run_models
 
 
 def _states():

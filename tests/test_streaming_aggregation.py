@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from pflbench.config import RunConfig
+from pflbench.config.run_config import RunConfig
 from pflbench.engine import Federation, Observer, sample_weights, weighted_average
-from pflbench.runner import prepare
+from pflbench.runs.prepare import prepare
 
 
 class Uploads(Observer):

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pflbench import sweep
 from pflbench.cli import cli
-from pflbench.config import RunConfig
+from pflbench.config.run_config import RunConfig
 from pflbench.errors import ConfigError
-from pflbench.leaderboard import RunFolderWarning, load_runs
-from pflbench.sweep import Grid, expand_grid, parse_sets, parse_value, run_sweep, sweep_record_path
+from pflbench.store.reader import RunFolderWarning, load_runs
+from pflbench.sweeps import local as sweep
+from pflbench.sweeps.local import Grid, expand_grid, parse_sets, parse_value, run_sweep, sweep_record_path
 
 BASE = RunConfig(model="mlp", num_clients=4, rounds=2, out="unused")
 TINY = ["--model", "mlp", "--num-clients", "4", "--rounds", "2", "--quiet"]
@@ -195,7 +195,7 @@ def test_interrupted_sweep_resumes_with_only_the_missing_runs(tmp_path: Path, mo
 
 
 def test_lora_grid_gives_every_run_the_lora_defaults_unless_set() -> None:
-    from pflbench.config import LORA_RUN_DEFAULTS
+    from pflbench.config.defaults import LORA_RUN_DEFAULTS
 
     grid = Grid(["fedavg", "fedsdg"], ["digits"], [0.5], [0], {})
     runs = expand_grid(RunConfig(lr=0.05), grid)
@@ -210,7 +210,7 @@ def test_lora_grid_gives_every_run_the_lora_defaults_unless_set() -> None:
 
 def test_flexlora_grid_with_a_lora_rank_resolves_like_the_run(tmp_path) -> None:
     """Defect: the grid used the default hyperparameters to decide the rank (--rank-dist homo)."""
-    from pflbench.runner import prepare
+    from pflbench.runs.prepare import prepare
 
     base = RunConfig(lora_rank=8, rounds=2, out=str(tmp_path))
     (run,) = expand_grid(base, Grid(["flexlora"], ["digits"], [0.5], [0], {"rank_dist": ("homo",)}))

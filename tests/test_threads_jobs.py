@@ -9,11 +9,12 @@ from pathlib import Path
 
 import torch
 
-from pflbench.config import RunConfig, resolve, run_identity
+from pflbench.config.run_config import RunConfig, resolve, run_identity
 from pflbench.registry import ALGORITHMS, load_plugin_file
-from pflbench.runner import config_record, prepare
-from pflbench.sweep import Grid, expand_grid, run_sweep
-from pflbench.threads import threads_per_job, usable_cores
+from pflbench.runs.prepare import prepare
+from pflbench.runs.start import config_record
+from pflbench.sweeps.local import Grid, expand_grid, run_sweep
+from pflbench.util.threads import threads_per_job, usable_cores
 
 TIMING = {"round_time_s", "eval_time_s", "peak_mem_mb", "wall_time_s", "run_dir"}
 
@@ -97,7 +98,7 @@ def test_sweep_jobs_2_gives_the_metrics_of_jobs_1_and_keeps_skip_and_errors(tmp_
 
 
 def test_dispatch_order_groups_seeds_of_one_setting_and_puts_the_most_work_first(tmp_path) -> None:
-    from pflbench.sweep_parallel import dispatch_order
+    from pflbench.sweeps.parallel import dispatch_order
 
     base = RunConfig(model="mlp", num_clients=4, rounds=2, out=str(tmp_path))
     grid = Grid(algos=("fedavg", "fedprox"), datasets=("digits",), alphas=(0.5,), seeds=(0, 1, 2, 3))

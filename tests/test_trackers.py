@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from pflbench.config import RunConfig
+from pflbench.config.run_config import RunConfig
 from pflbench.errors import ConfigError
-from pflbench.trackers import flatten, make_trackers, numeric_items
+from pflbench.runs.trackers import flatten, make_trackers, numeric_items
 
 
 @dataclasses.dataclass(frozen=True)

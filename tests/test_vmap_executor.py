@@ -12,10 +12,11 @@ import torch
 
 from pflbench import ClientProgram, ConfigError, OptimizerSpec, register_algorithm
 from pflbench.algorithms.fedavg import FedAvg
-from pflbench.config import RunConfig
+from pflbench.config.run_config import RunConfig
 from pflbench.engine.vmap import contiguous_runs
 from pflbench.engine.vmap_optim import FunctionalOptimizer
-from pflbench.runner import prepare, run_experiment
+from pflbench.runs.api import run_experiment
+from pflbench.runs.prepare import prepare
 
 # batch 16 on ~40-sample clients: full, short and merged batches, unequal step counts
 BASE = RunConfig(

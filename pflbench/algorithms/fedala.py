@@ -44,8 +44,8 @@ import torch.nn.functional as F
 
 from pflbench import Algorithm, ClientProgram, ConfigError, LocalResult, Tensors, option, register_algorithm
 from pflbench.engine import standard_local_update
-from pflbench.models import layer_order
-from pflbench.seeding import derive_seed
+from pflbench.models.zoo import layer_order
+from pflbench.util.seeding import derive_seed
 
 LOCAL = "fedala.local."  # θ_l, private
 WEIGHT = "fedala.weight."  # W, private

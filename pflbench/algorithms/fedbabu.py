@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from pflbench import Algorithm, ClientProgram, ConfigError, LocalPhase, Tensors, option, register_algorithm
 from pflbench.engine import FineTuneProgram
-from pflbench.models import head_parameter_names
+from pflbench.models.zoo import head_parameter_names
 
 
 @dataclass(frozen=True)

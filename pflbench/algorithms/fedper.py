@@ -9,7 +9,7 @@ uploaded and averaged (sample-weighted); each client keeps its head across round
 from __future__ import annotations
 
 from pflbench import Algorithm, register_algorithm
-from pflbench.models import head_parameter_names
+from pflbench.models.zoo import head_parameter_names
 
 
 @register_algorithm("fedper")

@@ -35,7 +35,7 @@ from torch import nn
 
 from pflbench import Algorithm, ClientProgram, ConfigError, LocalResult, RunConfig, Tensors, register_algorithm
 from pflbench.engine import standard_local_update
-from pflbench.models import head_module_names
+from pflbench.models.zoo import head_module_names
 
 
 def balanced_softmax_loss(logits: torch.Tensor, targets: torch.Tensor, label_counts: torch.Tensor) -> torch.Tensor:

@@ -35,7 +35,7 @@ from pflbench import (
     register_algorithm,
 )
 from pflbench.engine import sample_weights
-from pflbench.lora import DEFAULT_RANK, LoRALinear, apply_lora, lora_layers, parse_targets
+from pflbench.models.lora import DEFAULT_RANK, LoRALinear, apply_lora, lora_layers, parse_targets
 
 PRIVATE_B_INIT_STD = 1e-4  # B_p small and A_p = 0: ΔW_p = 0, ‖θ_p‖² ≈ 0, A_p still gets gradient
 FALLBACK_THRESHOLD = 1e-6

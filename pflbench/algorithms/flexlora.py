@@ -28,8 +28,8 @@ from torch import nn
 
 from pflbench import Algorithm, ClientProgram, ClientUpdate, ConfigError, RunConfig, Tensors, option, register_algorithm
 from pflbench.engine import sample_weights, weighted_average
-from pflbench.lora import DEFAULT_RANK, lora_layers
-from pflbench.seeding import rng_stream
+from pflbench.models.lora import DEFAULT_RANK, lora_layers
+from pflbench.util.seeding import rng_stream
 
 RANK_DISTRIBUTIONS = ("homo", "uniform", "heavy-tail")
 HEAVY_TAIL_SMALLEST = 0.8  # share of clients with the smallest rank under heavy-tail

@@ -16,7 +16,7 @@ global head. A head without a body has no accuracy of its own: no global model.
 from __future__ import annotations
 
 from pflbench import Algorithm, register_algorithm
-from pflbench.models import head_parameter_names
+from pflbench.models.zoo import head_parameter_names
 
 
 @register_algorithm("lgfedavg")

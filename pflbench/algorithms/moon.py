@@ -36,7 +36,7 @@ from torch import nn
 
 from pflbench import Algorithm, ClientProgram, ConfigError, LocalResult, RunConfig, Tensors, option, register_algorithm
 from pflbench.engine import standard_local_update
-from pflbench.models import head_module_names
+from pflbench.models.zoo import head_module_names
 
 PREVIOUS = "moon.prev."  # the client's last local model, private
 

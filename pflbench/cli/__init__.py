@@ -19,12 +19,12 @@ from importlib.metadata import entry_points
 
 import click
 
-from .leaderboard import leaderboard_command
-from .options import PflbenchGroup
-from .pretrain import pretrain_command
-from .rerun import rerun_command
-from .run import list_command, partition_command, run_command
-from .sweep import sweep_command
+from pflbench.cli.leaderboard import leaderboard_command
+from pflbench.cli.options import PflbenchGroup
+from pflbench.cli.pretrain import pretrain_command
+from pflbench.cli.rerun import rerun_command
+from pflbench.cli.run import list_command, partition_command, run_command
+from pflbench.cli.sweep import sweep_command
 
 
 @click.group(cls=PflbenchGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -27,7 +27,7 @@ from typing import Any
 
 import click
 
-from ..errors import ConfigError
+from pflbench.errors import ConfigError
 
 SUFFIXES = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml"}
 # keys whose option name differs from the key (``set`` is the --set option, parameter ``sets``)

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from ..errors import ConfigError
+from pflbench.errors import ConfigError
 
 # ---- leaderboard: options and output writing (issues 9 and 14) -------------------------------
 FORMAT_CHOICES = ("md", "latex", "csv", "html", "all")
@@ -124,12 +124,13 @@ def leaderboard_command(
     from functools import partial
     from pathlib import Path
 
-    from ..latex import to_latex
-    from ..leaderboard import load_runs, pivot, write_plots
-    from ..names import parse_renames
-    from ..rundir import check_writable, writing
-    from ..sweep import split_values
-    from ..tables import FORMATS
+    from pflbench.report.latex import to_latex
+    from pflbench.report.leaderboard import pivot, write_plots
+    from pflbench.report.names import parse_renames
+    from pflbench.report.render import FORMATS
+    from pflbench.store.layout import check_writable, writing
+    from pflbench.store.reader import load_runs
+    from pflbench.sweeps.local import split_values
 
     if fmt == "all" and output is None:
         raise ConfigError("--format all writes one file per format; give --output FOLDER")

@@ -16,10 +16,10 @@ from typing import Any
 
 import click
 
-from ..config import RunConfig, field_types
-from ..errors import ConfigError
-from ..registry import ALGORITHMS, load_plugin_file
-from .config_file import config_path_from, default_map, plugins_of, read_config_file
+from pflbench.cli.config_file import config_path_from, default_map, plugins_of, read_config_file
+from pflbench.config.run_config import RunConfig, field_types
+from pflbench.errors import ConfigError
+from pflbench.registry import ALGORITHMS, load_plugin_file
 
 
 def _flag(name: str) -> str:

@@ -6,9 +6,9 @@ from typing import Any
 
 import click
 
-from ..config import RunConfig
-from ..errors import ConfigError
-from .options import dataclass_options
+from pflbench.cli.options import dataclass_options
+from pflbench.config.run_config import RunConfig
+from pflbench.errors import ConfigError
 
 PRETRAIN_FIELDS = (
     "dataset",
@@ -31,10 +31,11 @@ def pretrain_command(**values: Any) -> None:
     Runs with the same dataset, model, model options, --public-frac, --seed and pretraining
     settings find it in the cache: LoRA runs by default, any run with --backbone public.
     """
-    from ..config import validate, with_base_defaults
-    from ..data import load_dataset
-    from ..pretrain import pretrain_backbone, public_split
-    from ..runner import resolve_device
+    from pflbench.config.run_config import validate, with_base_defaults
+    from pflbench.data.dataset import load_dataset
+    from pflbench.data.partition import public_split
+    from pflbench.models.pretrain import pretrain_backbone
+    from pflbench.runs.prepare import resolve_device
 
     config = RunConfig(**values)
     config = with_base_defaults(config)
@@ -54,7 +55,7 @@ def pretrain_command(**values: Any) -> None:
 
 def _pretrain_options() -> list[click.Option]:
     """The pretraining fields of RunConfig, defaulting to what a LoRA run uses."""
-    from ..config import LORA_RUN_DEFAULTS as RUN_DEFAULTS
+    from pflbench.config.defaults import LORA_RUN_DEFAULTS as RUN_DEFAULTS
 
     options = dataclass_options(RunConfig, PRETRAIN_FIELDS)
     for option in options:

@@ -1,4 +1,4 @@
-"""``pflbench rerun RUN_DIR``: reproduce a run from its config.json (``pflbench/rerun.py``)."""
+"""``pflbench rerun RUN_DIR``: reproduce a run from its config.json (``pflbench/runs/rerun.py``)."""
 
 from __future__ import annotations
 
@@ -34,10 +34,10 @@ def rerun_command(
     """Run RUN_DIR's experiment again from its config.json (every resolved setting, the
     algorithm's hyperparameters, the plugins) into a new folder, then compare the metrics
     with the original's rounds.jsonl (timings aside; identical on the CPU)."""
-    from ..config import identity_hash, run_identity
-    from ..rerun import compare_rounds, prepare_rerun
-    from ..runner import execute
-    from .run import _execute_with_progress, _summary_line
+    from pflbench.cli.run import _execute_with_progress, _summary_line
+    from pflbench.config.run_config import identity_hash, run_identity
+    from pflbench.runs.execute import execute
+    from pflbench.runs.rerun import compare_rounds, prepare_rerun
 
     overrides: dict[str, Any] = {}
     if save_model is not None:

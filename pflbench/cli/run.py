@@ -10,10 +10,10 @@ from typing import Any
 
 import click
 
-from ..config import RunConfig
-from ..registry import ALGORITHMS, DATASETS, MODELS, PARTITIONERS
-from .config_file import config_option
-from .options import RunCommand, dataclass_options
+from pflbench.cli.config_file import config_option
+from pflbench.cli.options import RunCommand, dataclass_options
+from pflbench.config.run_config import RunConfig
+from pflbench.registry import ALGORITHMS, DATASETS, MODELS, PARTITIONERS
 
 PARTITION_FIELDS = (
     "dataset",
@@ -35,10 +35,11 @@ PARTITION_FIELDS = (
 def _run_callback(quiet: bool, plugin: tuple[str, ...], force: bool, resume: bool, **values: Any) -> int:
     from pathlib import Path
 
-    from ..config import hyperparameters_from, resolve
-    from ..rundir import RunPaths, check_writable, guard_run
-    from ..runner import RunDiverged, execute, prepare
-    from .options import refuse_inert_options
+    from pflbench.cli.options import refuse_inert_options
+    from pflbench.config.run_config import hyperparameters_from, resolve
+    from pflbench.runs.execute import RunDiverged, execute
+    from pflbench.runs.prepare import prepare
+    from pflbench.store.layout import RunPaths, check_writable, guard_run
 
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
     config = RunConfig(**{k: v for k, v in values.items() if k in run_fields})
@@ -171,7 +172,7 @@ run_command = RunCommand(
 @click.option("--plugin", multiple=True, help="Python file that registers plugins (repeatable).")
 def list_command(kind: str | None, plugin: tuple[str, ...]) -> None:
     """List the registered plugins (all kinds, or one)."""
-    from ..registry import describe, load_plugin_file
+    from pflbench.registry import describe, load_plugin_file
 
     for path in plugin:  # a broken plugin is one error before anything is listed
         load_plugin_file(path)
@@ -199,12 +200,12 @@ def partition_command(plot: str | None, save: str | None, export: str | None, **
     """Partition a dataset and print per-client statistics."""
     from click.core import ParameterSource
 
-    from ..config import validate, with_base_defaults
-    from ..data import load_dataset
-    from ..partition_io import export_partition, fit_num_clients, partition_document
-    from ..results import write_json
-    from ..rundir import check_writable, writing
-    from ..runner import make_partition
+    from pflbench.config.run_config import validate, with_base_defaults
+    from pflbench.data.dataset import load_dataset
+    from pflbench.data.partition import make_partition
+    from pflbench.data.presets import export_partition, fit_num_clients, partition_document
+    from pflbench.store.layout import check_writable, writing
+    from pflbench.store.writer import write_json
 
     for path in (save, export, plot):
         if path:
@@ -251,7 +252,7 @@ def partition_command(plot: str | None, save: str | None, export: str | None, **
             export_partition(export, partition_document(config, dataset, split.train, split.test, split.public))
         click.echo(f"exported {export}")
     if plot:
-        from ..plots import plot_label_distribution
+        from pflbench.report.plots import plot_label_distribution
 
         with writing(plot):
             path = plot_label_distribution(
@@ -264,8 +265,8 @@ def partition_command(plot: str | None, save: str | None, export: str | None, **
 
 def refuse_partition_inert(values: dict[str, Any]) -> None:
     """The partition options the chosen partitioner would not read, given explicitly: refused."""
-    from ..errors import ConfigError
-    from .options import _flag, explicit_options, inert_settings
+    from pflbench.cli.options import _flag, explicit_options, inert_settings
+    from pflbench.errors import ConfigError
 
     probe = RunConfig(**values)
     inert = {k: v for k, v in inert_settings(probe, ALGORITHMS.get("fedavg"), None).items() if k in PARTITION_FIELDS}

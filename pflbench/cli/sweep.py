@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
-from ..config import RunConfig
-from ..errors import ConfigError
-from .config_file import config_option
-from .options import RunCommand, _flag, dataclass_options
+from pflbench.cli.config_file import config_option
+from pflbench.cli.options import RunCommand, _flag, dataclass_options
+from pflbench.config.run_config import RunConfig
+from pflbench.errors import ConfigError
 
 SWEEP_SHARED = tuple(
     f.name for f in dataclasses.fields(RunConfig) if f.name not in ("algo", "dataset", "alpha", "seed")
@@ -23,7 +23,7 @@ def _sweep_axes(sets: tuple[str, ...], values: dict[str, Any], run_fields: set[s
     places the command line wins."""
     from click.core import ParameterSource
 
-    from ..sweep import parse_sets
+    from pflbench.sweeps.local import parse_sets
 
     axes: dict[str, tuple[Any, ...]] = dict(parse_sets(sets))
     context = click.get_current_context()
@@ -50,7 +50,7 @@ def sweep_plan(
 ) -> tuple[RunConfig, Any]:
     """(shared RunConfig, Grid) from the sweep command's values (inside its click context);
     the sweep's own controls (--jobs, --ray, ...) are not grid settings."""
-    from ..sweep import Grid, split_values
+    from pflbench.sweeps.local import Grid, split_values
 
     values = {k: v for k, v in values.items() if k not in SWEEP_CONTROLS}
 
@@ -83,17 +83,17 @@ def _sweep_callback(
 ) -> int:
     from pathlib import Path
 
-    from ..config import hyperparameters_from
-    from ..registry import ALGORITHMS
-    from ..rundir import check_writable
-    from ..sweep import check_grid, count_statuses, expand_grid, run_sweep, sweep_record_path
-    from .options import refuse_inert_options
+    from pflbench.cli.options import refuse_inert_options
+    from pflbench.config.run_config import hyperparameters_from
+    from pflbench.registry import ALGORITHMS
+    from pflbench.store.layout import check_writable
+    from pflbench.sweeps.local import check_grid, count_statuses, expand_grid, run_sweep, sweep_record_path
 
     base, grid = sweep_plan(algos, datasets, alphas, seeds, sets, **values)
     on_ray = ray or (base.ray_address is not None and base.executor != "ray")
     if on_ray and not dry_run:  # fail before expanding (and before any Ray start-up) on bad resources/no Ray
-        from ..ray_support import require_ray
-        from ..ray_sweep import check_resources
+        from pflbench.sweeps.on_ray import check_resources
+        from pflbench.util.ray_cluster import require_ray
 
         check_resources(base, cpus_per_run, gpus_per_run)
         require_ray()
@@ -142,7 +142,7 @@ def _sweep_callback(
         )
     try:
         if on_ray:
-            from ..ray_sweep import run_sweep_on_ray
+            from pflbench.sweeps.on_ray import run_sweep_on_ray
 
             run_sweep_on_ray(runs, record, grid, base, plugin, report, cpus_per_run, gpus_per_run, disconnect=True)
         else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pflbench.data import TensorDataset
+from pflbench.data.dataset import TensorDataset
 from pflbench.errors import ConfigError
 from pflbench.registry import register_dataset
 

@@ -32,7 +32,7 @@ import torch
 from huggingface_hub.utils import get_session, httpx
 from PIL import Image
 
-from pflbench.data import TensorDataset
+from pflbench.data.dataset import TensorDataset
 from pflbench.errors import ConfigError
 from pflbench.registry import register_dataset
 

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import torch
 from PIL import Image
 
-from pflbench.data import TensorDataset
+from pflbench.data.dataset import TensorDataset
 from pflbench.datasets.hub import decode_images, image_sources, label_info, reject_lfs_pointers, require_columns
 from pflbench.errors import ConfigError
 from pflbench.registry import register_dataset

@@ -2,7 +2,7 @@
 
 Each sample carries its client id in ``TensorDataset.groups``; ``--partition natural`` makes
 the clients from it (K writers/roles chosen at random among those with ≥ ``--min-size``
-samples, see ``pflbench.partition.natural``).
+samples, see ``pflbench.data.partition.natural``).
 
 * ``femnist`` — ``flwrlabs/femnist``: 28×28 grayscale ``image``, ``character`` (62 classes:
   digits, upper- and lower-case letters), ``writer_id`` (the client), ``hsf_id`` (unused).
@@ -27,10 +27,10 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from pflbench.data import TensorDataset
+from pflbench.data.dataset import TensorDataset
+from pflbench.data.pfllib import read_pfllib_folder
 from pflbench.datasets.hub import HubSource, _pool, hub_splits, require_columns
 from pflbench.errors import ConfigError
-from pflbench.pfllib_folder import read_pfllib_folder
 from pflbench.registry import register_dataset
 
 FEMNIST = HubSource("femnist", "flwrlabs/femnist", "image", "character")

@@ -12,14 +12,21 @@
 
 from __future__ import annotations
 
-from .algorithm import Algorithm, ClientProgram
-from .executor import EXECUTORS, Executor, SequentialExecutor
-from .federation import Diverged, Federation, mean_loss_terms
-from .local import LocalResult, LocalTrainer, apply_gradients, build_optimizer, mean_terms, standard_local_update
-from .observers import Observer, RunObserver
-from .personalize import FineTuneProgram, personalize
-from .state import ClientStateStore
-from .types import (
+from pflbench.engine.algorithm import Algorithm, ClientProgram
+from pflbench.engine.executor import EXECUTORS, Executor, SequentialExecutor
+from pflbench.engine.federation import Diverged, Federation, mean_loss_terms
+from pflbench.engine.local import (
+    LocalResult,
+    LocalTrainer,
+    apply_gradients,
+    build_optimizer,
+    mean_terms,
+    standard_local_update,
+)
+from pflbench.engine.observers import Observer, RunObserver
+from pflbench.engine.personalize import FineTuneProgram, personalize
+from pflbench.engine.state import ClientStateStore
+from pflbench.engine.types import (
     ClientJob,
     ClientUpdate,
     EvalJob,

@@ -20,11 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ConfigError
-from .local import LocalResult, LocalTrainer, standard_local_update
-from .state import ClientStateStore
-from .streaming import StreamingWeightedAverage
-from .types import (
+from pflbench.engine.local import LocalResult, LocalTrainer, standard_local_update
+from pflbench.engine.state import ClientStateStore
+from pflbench.engine.streaming import StreamingWeightedAverage
+from pflbench.engine.types import (
     ClientUpdate,
     Forward,
     LocalPhase,
@@ -37,9 +36,11 @@ from .types import (
     sample_weights,
     weighted_average,
 )
+from pflbench.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..config import LocalSpec, RunConfig
+    from pflbench.config.groups import LocalSpec
+    from pflbench.config.run_config import RunConfig
 
 H = TypeVar("H")
 
@@ -127,7 +128,7 @@ class Algorithm(Generic[H]):
     def run_defaults(cls, config: RunConfig, hparams: H) -> dict[str, Any]:
         """Values for the settings the user left unset (``None``). LoRA runs need a small ViT,
         a public fraction to pretrain it on, and Adam (``lora.RUN_DEFAULTS``)."""
-        from ..lora import RUN_DEFAULTS
+        from pflbench.models.lora import RUN_DEFAULTS
 
         return dict(RUN_DEFAULTS) if cls.lora_rank(config, hparams) is not None else {}
 
@@ -141,7 +142,7 @@ class Algorithm(Generic[H]):
 
         Default: LoRA on ``--lora-targets`` when ``lora_rank`` is set, the head (``--head-layers``)
         left trainable."""
-        from ..lora import apply_lora, parse_targets
+        from pflbench.models.lora import apply_lora, parse_targets
 
         rank = cls.lora_rank(config, hparams)
         if rank is None:

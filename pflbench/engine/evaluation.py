@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..models import body_stages
-from .types import Tensors, load_into
+from pflbench.engine.types import Tensors, load_into
+from pflbench.models.zoo import body_stages
 
 
 @dataclass

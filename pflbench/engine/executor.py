@@ -15,12 +15,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..data import FederatedData
-from ..seeding import derive_seed
-from .algorithm import ClientProgram
-from .evaluation import evaluate_heads, head_split
-from .local import LocalTrainer
-from .types import ClientJob, ClientUpdate, EvalJob, Tensors, load_into
+from pflbench.data.dataset import FederatedData
+from pflbench.engine.algorithm import ClientProgram
+from pflbench.engine.evaluation import evaluate_heads, head_split
+from pflbench.engine.local import LocalTrainer
+from pflbench.engine.types import ClientJob, ClientUpdate, EvalJob, Tensors, load_into
+from pflbench.util.seeding import derive_seed
 
 
 class Executor(Protocol):
@@ -128,7 +128,7 @@ class LazyExecutor:
 
 
 def _require_ray() -> None:
-    from ..ray_support import require_ray
+    from pflbench.util.ray_cluster import require_ray
 
     require_ray()
 

@@ -12,13 +12,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..metrics import accuracy_metrics
-from ..seeding import derive_seed, rng_stream
-from .algorithm import Algorithm
-from .executor import Executor
-from .observers import RunObserver
-from .personalize import FineTuneProgram, personalize
-from .types import ClientJob, ClientUpdate, EvalJob, Tensors, tensor_bytes
+from pflbench.engine.algorithm import Algorithm
+from pflbench.engine.executor import Executor
+from pflbench.engine.metrics import accuracy_metrics
+from pflbench.engine.observers import RunObserver
+from pflbench.engine.personalize import FineTuneProgram, personalize
+from pflbench.engine.types import ClientJob, ClientUpdate, EvalJob, Tensors, tensor_bytes
+from pflbench.util.seeding import derive_seed, rng_stream
 
 PERSONALIZE_CHUNK = 64  # clients personalized (and held in memory) at once during evaluation
 

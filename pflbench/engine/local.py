@@ -19,12 +19,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from .optim import SGD, Adam, LocalOptimizer
-from .types import ClientJob, OptimizerSpec, Tensors
+from pflbench.engine.optim import SGD, Adam, LocalOptimizer
+from pflbench.engine.types import ClientJob, OptimizerSpec, Tensors
 
 if TYPE_CHECKING:
-    from ..data import FederatedData
-    from .algorithm import ClientProgram
+    from pflbench.data.dataset import FederatedData
+    from pflbench.engine.algorithm import ClientProgram
 
 
 def build_optimizer(spec: OptimizerSpec, params: dict[str, nn.Parameter]) -> LocalOptimizer:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from .types import ClientJob, ClientUpdate
+from pflbench.engine.types import ClientJob, ClientUpdate
 
 
 class RunObserver(Protocol):

@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .algorithm import ClientProgram
-from .types import ClientJob, LocalPhase, NoHyperparameters, ParamLayout, Tensors
+from pflbench.engine.algorithm import ClientProgram
+from pflbench.engine.types import ClientJob, LocalPhase, NoHyperparameters, ParamLayout, Tensors
 
 if TYPE_CHECKING:
-    from ..config import LocalSpec
-    from .executor import Executor
+    from pflbench.config.groups import LocalSpec
+    from pflbench.engine.executor import Executor
 
 
 class FineTuneProgram(ClientProgram[NoHyperparameters]):

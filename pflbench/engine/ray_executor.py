@@ -31,11 +31,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..data import FederatedData
-from ..errors import ConfigError
-from .algorithm import ClientProgram
-from .executor import SequentialExecutor
-from .types import ClientJob, ClientUpdate, EvalJob, Tensors
+from pflbench.data.dataset import FederatedData
+from pflbench.engine.algorithm import ClientProgram
+from pflbench.engine.executor import SequentialExecutor
+from pflbench.engine.types import ClientJob, ClientUpdate, EvalJob, Tensors
+from pflbench.errors import ConfigError
 
 IN_FLIGHT = 2  # calls queued per actor: one runs while the next one's arguments arrive
 CALLS_PER_WORKER = 4  # a round's jobs go in chunks, about this many per actor (balance vs. overhead)
@@ -179,7 +179,7 @@ class RayExecutor:
 
     @classmethod
     def from_config(cls, model: nn.Module, data: FederatedData, config: Any) -> RayExecutor:
-        from ..ray_support import cluster_cpus, cluster_gpus, connect
+        from pflbench.util.ray_cluster import cluster_cpus, cluster_gpus, connect
 
         ray = connect(config.ray_address)
         use_gpu = data.device.type == "cuda"
@@ -205,7 +205,7 @@ class RayExecutor:
         cpus_per_worker: int = 1,
         gpus_per_worker: float = 0.0,
     ) -> None:
-        from ..ray_support import connect, ship_plugins_by_value
+        from pflbench.util.ray_cluster import connect, ship_plugins_by_value
 
         self.ray = connect()
         self.model, self.data = model, data
@@ -234,7 +234,7 @@ class RayExecutor:
         self.replaced += 1
 
     def _program_context(self, program: ClientProgram) -> tuple[str, list]:
-        from ..ray_support import ship_plugins_by_value
+        from pflbench.util.ray_cluster import ship_plugins_by_value
 
         ship_plugins_by_value(self.ray, program)
         key = hashlib.sha256(self.ray.cloudpickle.dumps(program)).hexdigest()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .types import Tensors, tensor_bytes
+from pflbench.engine.types import Tensors, tensor_bytes
 
 
 class ClientStateStore:

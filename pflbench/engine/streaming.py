@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .types import ClientUpdate, Tensors
+from pflbench.engine.types import ClientUpdate, Tensors
 
 
 class StreamingWeightedAverage:

@@ -25,12 +25,12 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from ..errors import ConfigError
-from .algorithm import ClientProgram
-from .executor import SequentialExecutor
-from .local import LocalResult, mean_terms
-from .types import ClientJob, ClientUpdate, EvalJob, OptimizerSpec, Tensors
-from .vmap_optim import FunctionalOptimizer
+from pflbench.engine.algorithm import ClientProgram
+from pflbench.engine.executor import SequentialExecutor
+from pflbench.engine.local import LocalResult, mean_terms
+from pflbench.engine.types import ClientJob, ClientUpdate, EvalJob, OptimizerSpec, Tensors
+from pflbench.engine.vmap_optim import FunctionalOptimizer
+from pflbench.errors import ConfigError
 
 MAX_CLIENTS_AT_ONCE = 128  # clients stacked together (memory: this many model copies + optimizer state)
 

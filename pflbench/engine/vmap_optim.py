@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .optim import adam_update_
-from .types import OptimizerSpec, Tensors
+from pflbench.engine.optim import adam_update_
+from pflbench.engine.types import OptimizerSpec, Tensors
 
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
 

@@ -1,0 +1,405 @@
+"""Run configuration: one flat frozen dataclass (the namespace of the command line, config files
+and sweep axes) with grouped views, one per stage: ``data_spec``, ``partition_spec``,
+``model_spec``, ``init_spec``, ``lora_spec``, ``federation_spec``, ``local_spec``, ``runtime_spec``.
+
+Settings that depend on the algorithm (model, public fraction, optimizer, lr, gradient clipping)
+default to ``None`` = unset; ``resolve`` fills them once, the same way for ``run``, ``sweep`` and
+library calls. ``run_identity`` hashes exactly the settings a resolved run reads.
+
+Each field carries its help text in ``metadata``; the CLI's options and the saved
+``config.json`` are generated from the dataclasses (this one and each algorithm's own).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from pflbench.config.defaults import AUTO_FIELDS, BASE_DEFAULTS, family_defaults
+from pflbench.config.groups import (
+    DataSpec,
+    FederationSpec,
+    InitSpec,
+    LocalSpec,
+    LoRASpec,
+    ModelSpec,
+    PartitionSpec,
+    RuntimeSpec,
+)
+from pflbench.errors import ConfigError
+
+
+def option(default: Any, help: str, **metadata: Any) -> Any:
+    """A dataclass field with a default and the help text the CLI shows."""
+    if isinstance(default, (list, dict)):
+        raise TypeError("use a tuple for sequence defaults")
+    return field(default=default, metadata={"help": help, **metadata})
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that determines a run's numbers (plus where to write them)."""
+
+    algo: str = option("fedavg", "Algorithm (see `pflbench list algorithms`).")
+    dataset: str = option("digits", "Dataset (see `pflbench list datasets`).")
+    dataset_option: tuple[str, ...] = option(
+        (), "Dataset option KEY=VALUE, repeatable (e.g. num_samples=2000 for synthetic)."
+    )
+    data_dir: str | None = option(None, "Local copy of a hub dataset, or a path for local data.")
+    partition: str = option("dirichlet", "Partitioner (see `pflbench list partitioners`).")
+    alpha: float = option(0.5, "Dirichlet concentration: 0.1 strong skew, 1 mild, 100 ≈ IID.")
+    shards_per_client: int = option(2, "Shards per client for --partition shards.")
+    min_size: int = option(10, "Minimum samples per client (dirichlet redraws until met).")
+    dirichlet_cut: str = option(
+        "unbiased",
+        "How dirichlet turns class proportions into counts: unbiased = largest-remainder "
+        "rounding, no client favoured; floor = PFLlib's cumsum cut (the last client gets every "
+        "class's rounding leftovers); flower = the floor cut with flwr-datasets' self-balancing "
+        "rule.",
+        choices=("unbiased", "floor", "flower"),
+    )
+    partition_file: str | None = option(
+        None,
+        "Use exactly this partition (a `pflbench partition --export` JSON or a run's "
+        "partition.json); it sets --num-clients. flwr:<Partitioner>[:key=value,...] runs a "
+        "flwr-datasets partitioner instead (pip install 'pflbench[flwr]').",
+    )
+    test_frac: float = option(0.25, "Fraction of each client's samples held out for its test split.")
+    num_clients: int = option(20, "Number of clients K.")
+    frac: float = option(1.0, "Fraction of clients sampled per round, M = max(1, round(K·frac)).")
+    rounds: int = option(50, "Communication rounds.")
+    local_epochs: int = option(1, "Local epochs per round.")
+    batch_size: int = option(32, "Local minibatch size.")
+    lr: float | None = option(
+        None, "Local learning rate [default: 0.1 for the zoo's mlp/cnn/lenet/cnn_bn, else 0.01; LoRA runs 1e-3]."
+    )
+    optimizer: str | None = option(None, "Local optimizer [default: sgd; LoRA runs adam].", choices=("sgd", "adam"))
+    momentum: float = option(0.0, "SGD momentum (optimizer state is fresh each round).")
+    weight_decay: float = option(0.0, "Weight decay of the local optimizer.")
+    max_grad_norm: float | None = option(
+        None, "Clip each local step's gradient to this norm; 0 = no clipping [default: 0; fedsdg 1.0]."
+    )
+    model: str | None = option(
+        None,
+        "Model: a zoo name (`pflbench list models`) or a timm model "
+        "name [default: cnn; LoRA runs a 6-block ViT, see lora.RUN_DEFAULTS].",
+    )
+    head_layers: int = option(1, "Layers (from the output) that form the private head.")
+    model_option: tuple[str, ...] = option(
+        (), "Model option KEY=VALUE, repeatable (ViTs: depth=6, embed_dim=192, num_heads=3, patch_size=2)."
+    )
+    pretrained: bool = option(False, "Start from timm's hub weights (network or a filled HF cache).")
+    weights: str | None = option(None, "Start from a local state dict file (a head of another shape is skipped).")
+    public_frac: float | None = option(
+        None,
+        "Fraction of the pooled data held out as public, given "
+        "to no client (pretrains the backbone; keep it equal across "
+        "compared runs) [default: 0; LoRA runs 0.2].",
+    )
+    backbone: str = option(
+        "auto",
+        "Initial weights: auto = --weights/--pretrained if given, else LoRA runs pretrain on the "
+        "public fraction and other runs start at random; public = pretrain on the public fraction "
+        "(cached); random = random init.",
+        choices=("auto", "public", "random"),
+    )
+    pretrain_epochs: int = option(60, "Epochs of central pretraining on the public fraction.")
+    pretrain_lr: float = option(1e-3, "AdamW learning rate of the public pretraining.")
+    lora_rank: int | None = option(
+        None, "LoRA rank r: freeze the backbone and train LoRA on --lora-targets plus the head (any algorithm)."
+    )
+    lora_alpha: float = option(16.0, "LoRA α; the low-rank update is scaled by α/r.")
+    lora_targets: str = option(
+        "attn.proj,mlp.fc2", "Comma-separated name suffixes of the linear layers LoRA adapts (e.g. qkv,proj,fc1,fc2)."
+    )
+    seed: int = option(0, "Seed of the partition, client sampling, init and local training.")
+    eval_every: int | None = option(
+        None,
+        "Evaluate every N rounds [default: 1 up to 100 rounds, else rounds/100]; the last round is always evaluated.",
+    )
+    finetune_epochs: int = option(
+        0,
+        "Evaluation protocol (FedAvg-FT): after the last round, fine-tune the global model for E "
+        "epochs on each client's train split (the local optimizer settings) and report it as "
+        "pers_acc_ft; 0 = off. Only for algorithms with a global model.",
+    )
+    device: str = option("cpu", "Torch device: cpu, cuda, cuda:1, ...")
+    executor: str = option(
+        "sequential",
+        "How clients train: sequential (one after another); vmap "
+        "(together, vectorized with torch.func; same numbers to floating-point "
+        "tolerance); ray (on Ray actors in parallel, same numbers).",
+        choices=("sequential", "vmap", "ray"),
+    )
+    ray_address: str | None = option(None, "Ray cluster to join (auto or HOST:PORT); unset: a local Ray instance.")
+    ray_workers: int | None = option(None, "Ray actors training clients [default: cluster CPUs, ≤ clients/round].")
+    threads: int = option(
+        1,
+        "CPU threads of torch's operations; 0 = every usable core. 1 suits the "
+        "small models of FL benchmarks and never collapses on a busy or shared machine "
+        "(many threads spin-wait on each other there). Not part of the run identity.",
+    )
+    out: str = option("results", "Output folder; the run goes to OUT/runs/<name>/.")
+    portable: bool = option(
+        False,
+        "Share-safe results: config.json and summary.json name no local absolute path (each becomes "
+        "<local>/NAME). Not part of the run identity.",
+    )
+    checkpoint_every: int = option(10, "Checkpoint every N rounds (run --resume; sweeps resume); 0 = never.")
+    save_model: bool = option(
+        False,
+        "After the last round, write the global model and each client's "
+        "private state to RUN_DIR/models/ (safetensors; LoRA runs also a peft adapter).",
+    )
+    log: tuple[str, ...] = option(
+        (),
+        "Experiment tracker(s): tensorboard, mlflow (comma-separated or "
+        "repeatable; pip install 'pflbench[tensorboard]' / '[mlflow]').",
+    )
+    mlflow_uri: str | None = option(None, "MLflow tracking URI for --log mlflow [default: sqlite:///OUT/mlflow.db].")
+
+    @property
+    def sampled_per_round(self) -> int:
+        return max(1, round(self.num_clients * self.frac))
+
+    @property
+    def resolved_eval_every(self) -> int:
+        if self.eval_every is not None:
+            return self.eval_every
+        return 1 if self.rounds <= 100 else math.ceil(self.rounds / 100)
+
+    def dataset_options(self) -> dict[str, Any]:
+        options = _key_values(self.dataset_option, "--dataset-option")
+        if self.data_dir is not None:
+            options["data_dir"] = self.data_dir
+        return options
+
+    def model_options(self) -> dict[str, Any]:
+        return _key_values(self.model_option, "--model-option")
+
+    # ---- the groups each stage receives ---------------------------------------------------
+    @property
+    def data_spec(self) -> DataSpec:
+        return DataSpec(self.dataset, self.dataset_options())
+
+    @property
+    def partition_spec(self) -> PartitionSpec:
+        return PartitionSpec(
+            self.dataset,
+            self.partition,
+            self.num_clients,
+            self.alpha,
+            self.shards_per_client,
+            self.min_size,
+            self.test_frac,
+            _resolved(self.public_frac, "public_frac"),
+            self.seed,
+            self.dirichlet_cut,
+            self.partition_file,
+        )
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        return ModelSpec(_resolved(self.model, "model"), self.model_options(), self.head_layers)
+
+    @property
+    def init_spec(self) -> InitSpec:
+        return InitSpec(self.pretrained, self.weights, self.backbone, self.pretrain_epochs, self.pretrain_lr)
+
+    @property
+    def lora_spec(self) -> LoRASpec:
+        return LoRASpec(self.lora_rank, self.lora_alpha, self.lora_targets)
+
+    @property
+    def federation_spec(self) -> FederationSpec:
+        return FederationSpec(self.num_clients, self.frac, self.rounds, self.resolved_eval_every)
+
+    @property
+    def local_spec(self) -> LocalSpec:
+        return LocalSpec(
+            self.local_epochs,
+            self.batch_size,
+            _resolved(self.lr, "lr"),
+            _resolved(self.optimizer, "optimizer"),
+            self.momentum,
+            self.weight_decay,
+            _resolved(self.max_grad_norm, "max_grad_norm"),
+        )
+
+    @property
+    def runtime_spec(self) -> RuntimeSpec:
+        return RuntimeSpec(self.seed, self.device, self.executor, self.out, self.threads)
+
+
+def with_base_defaults(config: RunConfig) -> RunConfig:
+    """``config`` with its unset settings at ``BASE_DEFAULTS`` (stages used without an algorithm:
+    ``pflbench partition``, ``pflbench pretrain``, ``make_partition``)."""
+    unset = {k: v for k, v in BASE_DEFAULTS.items() if getattr(config, k) is None}
+    return dataclasses.replace(config, **unset) if unset else config
+
+
+def _resolved(value: Any, name: str) -> Any:
+    if value is None:
+        raise RuntimeError(f"{name} is unset: resolve the config first (config.resolve)")
+    return value
+
+
+def resolve(
+    config: RunConfig, algorithm: Any, hparams: Any, shared_defaults: dict[str, Any] | None = None
+) -> tuple[RunConfig, dict[str, Any]]:
+    """Fill the unset (None) settings: the algorithm's ``run_defaults`` first, then
+    ``shared_defaults`` (a sweep gives every run of a LoRA grid the same model and data), then
+    the defaults of the model's family (``defaults.DEFAULTS_BY_FAMILY``), then ``BASE_DEFAULTS``. Returns the resolved config and the values filled in. The same function
+    serves ``run``, ``sweep`` and library calls."""
+    chosen = {**(shared_defaults or {}), **algorithm.run_defaults(config, hparams)}
+    model = config.model if config.model is not None else chosen.get("model", BASE_DEFAULTS["model"])
+    defaults = {**BASE_DEFAULTS, **family_defaults(model, config.algo), **chosen}
+    applied = {name: defaults[name] for name in AUTO_FIELDS if getattr(config, name) is None}
+    if config.model is None and not config.model_option and "model_option" in defaults:
+        applied["model_option"] = tuple(defaults["model_option"])
+    return dataclasses.replace(config, **applied), applied
+
+
+def run_identity(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dict[str, Any]:
+    """Exactly the settings a resolved run reads: an inert option (``--shards-per-client`` under
+    Dirichlet, ``--lora-alpha`` without LoRA, ``--momentum`` with Adam, ...) is left out."""
+    lora_rank = algorithm.lora_rank(config, hyperparameters)
+    init = config.init_spec
+    identity: dict[str, Any] = {
+        "algo": config.algo,
+        "dataset": config.dataset,
+        "dataset_options": config.dataset_options(),
+        **config.partition_spec.identity(),
+        "seed": config.seed,
+        "model": config.model,
+        "model_options": config.model_options(),
+        "rounds": config.rounds,
+        "frac": config.frac,
+        "eval_every": config.resolved_eval_every,
+        **config.local_spec.identity(),
+        "device": config.device.split(":")[0],
+        "algo_hparams": dataclasses.asdict(hyperparameters),
+    }
+    if getattr(algorithm, "uses_head_layers", False) or lora_rank is not None:
+        identity["head_layers"] = config.head_layers
+    if config.executor not in ("sequential", "ray"):  # ray gives sequential's numbers: the same run
+        identity["executor"] = config.executor
+    if config.finetune_epochs:
+        identity["finetune_epochs"] = config.finetune_epochs
+    if config.pretrained or config.weights:
+        identity.update(pretrained=config.pretrained, weights=config.weights)
+    if init.pretrains(lora_rank is not None):
+        identity.update(backbone="public", pretrain_epochs=config.pretrain_epochs, pretrain_lr=config.pretrain_lr)
+    if lora_rank is not None:
+        identity.update(lora_rank=lora_rank, lora_alpha=config.lora_alpha, lora_targets=config.lora_targets)
+    return identity
+
+
+def identity_hash(identity: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def run_name(config: RunConfig, algorithm: Any, hyperparameters: Any) -> str:
+    """``<algo>__<dataset>__<partition>__s<seed>__<hash>`` with a hash of every setting read."""
+    digest = identity_hash(run_identity(config, algorithm, hyperparameters))
+    split = f"a{config.alpha:g}" if config.partition.startswith("dirichlet") else config.partition
+    return f"{config.algo}__{config.dataset}__{split}__s{config.seed}__{digest}"
+
+
+def _key_values(items: tuple[str, ...], flag: str) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{flag} {item!r} is not KEY=VALUE")
+        options[key.strip()] = _parse_scalar(value.strip())
+    return options
+
+
+def _parse_scalar(text: str) -> Any:
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return text
+
+
+def validate(config: RunConfig) -> None:
+    """Raise ConfigError naming the first bad value and what would be valid (a resolved config)."""
+    unset = [name for name in AUTO_FIELDS if getattr(config, name) is None]
+    if unset:
+        raise RuntimeError(f"validate() needs a resolved config; unset: {', '.join(unset)} (config.resolve)")
+    lr, max_grad_norm, public_frac = (
+        float(config.lr or 0),
+        float(config.max_grad_norm or 0),
+        float(config.public_frac or 0),
+    )
+    checks = [
+        (math.isfinite(config.alpha) and config.alpha > 0, f"--alpha must be a finite number > 0, got {config.alpha}"),
+        (config.num_clients >= 1, f"--num-clients must be ≥ 1, got {config.num_clients}"),
+        (math.isfinite(config.frac) and 0 < config.frac <= 1, f"--frac must be in (0, 1], got {config.frac}"),
+        (config.rounds >= 1, f"--rounds must be ≥ 1, got {config.rounds}"),
+        (config.local_epochs >= 0, f"--local-epochs must be ≥ 0, got {config.local_epochs}"),
+        (config.batch_size >= 1, f"--batch-size must be ≥ 1, got {config.batch_size}"),
+        (math.isfinite(lr) and lr > 0, f"--lr must be a finite number > 0, got {config.lr}"),
+        (0 < config.test_frac < 1, f"--test-frac must be in (0, 1), got {config.test_frac}"),
+        (config.min_size >= 2, f"--min-size must be ≥ 2 (a train and a test sample), got {config.min_size}"),
+        (config.eval_every is None or config.eval_every >= 1, f"--eval-every must be ≥ 1, got {config.eval_every}"),
+        (config.finetune_epochs >= 0, f"--finetune-epochs must be ≥ 0 (0 = off), got {config.finetune_epochs}"),
+        (config.head_layers >= 1, f"--head-layers must be ≥ 1, got {config.head_layers}"),
+        (
+            math.isfinite(max_grad_norm) and max_grad_norm >= 0,
+            f"--max-grad-norm must be ≥ 0 (0 = no clipping), got {config.max_grad_norm}",
+        ),
+        (config.seed >= 0, f"--seed must be ≥ 0, got {config.seed}"),
+        (config.checkpoint_every >= 0, f"--checkpoint-every must be ≥ 0 (0 = never), got {config.checkpoint_every}"),
+        (config.threads >= 0, f"--threads must be ≥ 0 (0 = every usable core), got {config.threads}"),
+        (config.momentum >= 0 and config.weight_decay >= 0, "--momentum and --weight-decay must be ≥ 0"),
+        (0 <= public_frac < 1, f"--public-frac must be in [0, 1), got {config.public_frac}"),
+        (config.lora_rank is None or config.lora_rank >= 1, f"--lora-rank must be ≥ 1, got {config.lora_rank}"),
+        (config.lora_alpha > 0, f"--lora-alpha must be > 0, got {config.lora_alpha}"),
+        (config.pretrain_epochs >= 1 and config.pretrain_lr > 0, "--pretrain-epochs must be ≥ 1 and --pretrain-lr > 0"),
+        (not (config.pretrained and config.weights), "give either --pretrained or --weights, not both"),
+        (
+            config.backbone == "auto" or not (config.pretrained or config.weights),
+            f"--backbone {config.backbone} contradicts --pretrained/--weights; use --backbone auto with them",
+        ),
+        (
+            config.backbone != "public" or public_frac > 0,
+            "--backbone public pretrains on the public fraction; give --public-frac (e.g. 0.2)",
+        ),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """Resolved type hints of a dataclass's fields (annotations are strings here)."""
+    return typing.get_type_hints(cls)
+
+
+def hyperparameters_from(cls: type, values: dict[str, Any], algo: str) -> Any:
+    """Build an algorithm's hyperparameter dataclass, rejecting names it does not have."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        flag = "--" + unknown[0].replace("_", "-")
+        valid = ", ".join("--" + n.replace("_", "-") for n in sorted(names)) or "none"
+        raise ConfigError(f"{flag} is not an option of --algo {algo}; its options: {valid}")
+    hyperparameters = cls(**values)
+    for f in dataclasses.fields(cls):
+        choices = f.metadata.get("choices")
+        value = getattr(hyperparameters, f.name)
+        if choices and value not in choices:
+            raise ConfigError(f"--{f.name.replace('_', '-')} {value!r} is not one of: {', '.join(choices)}")
+    check = getattr(hyperparameters, "validate", None)
+    if check is not None:
+        check()
+    return hyperparameters

@@ -1,0 +1,265 @@
+"""Partitions in and out: export files, ``--partition-file``, and the exact partition a run must
+use (``preset_partition``: a file, a flwr-datasets partitioner or a dataset's own client split).
+PFLlib folders are read in ``pfllib_folder``, flwr-datasets partitioners converted in
+``flwr_partition``; their public names are importable from here too.
+
+An exported partition (``pflbench partition --export FILE``) is one JSON object::
+
+    {"format": "pflbench-partition", "version": 1,
+     "dataset": {"name": "mnist", "size": 70000, "num_classes": 10, "source": "..."},
+     "num_clients": K,
+     "clients": [{"train": [i, ...], "test": [j, ...]}, ...],   # indices into the pooled dataset
+     "public": [...],                                          # held out, given to no client
+     "settings": {...}}                                        # how it was made (informative)
+
+Indices address the pooled dataset (all of the dataset's splits concatenated in order, as the
+loaders build it). ``--partition-file`` also reads a run's ``partition.json`` (and the
+``partition --save`` file). Whatever the source, a partition is validated before use: every
+index in range, no sample twice (across clients and train/test/public), no client without
+train or test samples; each failure is one ``ConfigError`` line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pflbench.data.flwr import (
+    FLWR_PREFIX,
+    flwr_preset,
+)
+from pflbench.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pflbench.config.groups import PartitionSpec
+    from pflbench.config.run_config import RunConfig
+    from pflbench.data.dataset import TensorDataset
+
+FORMAT = "pflbench-partition"
+VERSION = 1
+
+
+@dataclass
+class PresetPartition:
+    """Exact per-client train/test indices (and public indices) into the pooled dataset."""
+
+    train: list[np.ndarray]
+    test: list[np.ndarray]
+    public: np.ndarray
+    source: str
+    dataset_name: str | None = None
+    dataset_size: int | None = None
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.train)
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def partition_document(
+    config: RunConfig,
+    dataset: TensorDataset,
+    train: Sequence[np.ndarray],
+    test: Sequence[np.ndarray],
+    public: np.ndarray,
+) -> dict[str, Any]:
+    """The export JSON object (see the module docstring)."""
+    settings = {
+        k: v
+        for k, v in dataclasses.asdict(config).items()
+        if k
+        in (
+            "partition",
+            "alpha",
+            "dirichlet_cut",
+            "shards_per_client",
+            "min_size",
+            "test_frac",
+            "public_frac",
+            "seed",
+            "dataset_option",
+            "partition_file",
+        )
+    }
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "dataset": {
+            "name": config.dataset,
+            "size": int(len(dataset.labels)),
+            "num_classes": int(dataset.num_classes),
+            "source": dataset.source,
+        },
+        "num_clients": len(train),
+        "clients": [{"train": np.asarray(tr).tolist(), "test": np.asarray(te).tolist()} for tr, te in zip(train, test)],
+        "public": np.asarray(public).tolist(),
+        "settings": settings,
+    }
+
+
+def export_partition(path: str | Path, document: dict[str, Any]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document))
+    return path
+
+
+# ----------------------------------------------------------------------------- import
+
+
+def read_partition_file(path: str | Path) -> PresetPartition:
+    """A partition from an export file, a run's ``partition.json`` or a ``--save`` file."""
+    where = f"--partition-file {str(path)!r}"
+    path = Path(path)
+    if path.is_dir() and (path / "config.json").is_file() and (path / "train").is_dir():
+        raise ConfigError(
+            f"{where} is a PFLlib dataset folder; load it as a dataset with its own "
+            f"clients: --dataset pfllib --data-dir {path} --partition natural"
+        )
+    if not path.is_file():
+        raise ConfigError(f"{where} is not a file")
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(f"{where} is not a JSON file: {error}") from error
+    if not isinstance(document, dict):
+        raise ConfigError(f"{where} holds a JSON {type(document).__name__}, not a partition object")
+    if document.get("format") == FORMAT:
+        if document.get("version") != VERSION:
+            raise ConfigError(
+                f"{where} has format version {document.get('version')!r}; this pflbench reads version {VERSION}"
+            )
+        clients = document.get("clients")
+        if not isinstance(clients, list) or not all(isinstance(c, dict) for c in clients):
+            raise ConfigError(f'{where}: \'clients\' must be a list of {{"train": [...], "test": [...]}}')
+        train = [c.get("train") for c in clients]
+        test = [c.get("test") for c in clients]
+        dataset = document.get("dataset") or {}
+        name, size = dataset.get("name"), dataset.get("size")
+        declared = document.get("num_clients")
+        if declared is not None and declared != len(clients):
+            raise ConfigError(f"{where} declares num_clients={declared} but lists {len(clients)} clients")
+    elif "train_indices" in document and "test_indices" in document:  # partition.json / --save
+        train, test = document["train_indices"], document["test_indices"]
+        name = (document.get("config") or {}).get("dataset")
+        size = None
+    else:
+        raise ConfigError(
+            f"{where} is neither a `pflbench partition --export` file nor a run's "
+            "partition.json (no 'format' or 'train_indices' key)"
+        )
+    public = document.get("public", document.get("public_indices", []))
+    preset = PresetPartition(
+        train=[_index_array(v, where, f"client {k} train") for k, v in enumerate(train)],
+        test=[_index_array(v, where, f"client {k} test") for k, v in enumerate(test)],
+        public=_index_array(public, where, "public"),
+        source=str(path),
+        dataset_name=name,
+        dataset_size=size,
+    )
+    return preset
+
+
+def _index_array(values: Any, where: str, what: str) -> np.ndarray:
+    if not isinstance(values, list):
+        raise ConfigError(f"{where}: {what} indices must be a list of integers")
+    array = np.asarray(values)
+    if array.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+        raise ConfigError(f"{where}: {what} indices must be a flat list of integers")
+    return array.astype(np.int64)
+
+
+def validate_partition(preset: PresetPartition, dataset_size: int, dataset_name: str | None = None) -> None:
+    """ConfigError unless the indices fit a dataset of ``dataset_size`` samples (see module doc)."""
+    where = f"partition {preset.source!r}"
+    if preset.num_clients == 0:
+        raise ConfigError(f"{where} has no clients")
+    if len(preset.test) != preset.num_clients:
+        raise ConfigError(f"{where} has {preset.num_clients} train lists but {len(preset.test)} test lists")
+    if preset.dataset_size is not None and preset.dataset_size != dataset_size:
+        raise ConfigError(
+            f"{where} was made for a dataset of {preset.dataset_size} samples "
+            f"({preset.dataset_name}); this dataset has {dataset_size}"
+        )
+    if dataset_name is not None and preset.dataset_name not in (None, dataset_name):
+        raise ConfigError(
+            f"{where} was made for dataset {preset.dataset_name!r}, not "
+            f"{dataset_name!r}; pass --dataset {preset.dataset_name}"
+        )
+    for k, (train, test) in enumerate(zip(preset.train, preset.test)):
+        if len(train) == 0 or len(test) == 0:
+            split = "train" if len(train) == 0 else "test"
+            raise ConfigError(f"{where}: client {k} has no {split} samples")
+    everything = np.concatenate([*preset.train, *preset.test, preset.public])
+    if everything.min() < 0 or everything.max() >= dataset_size:
+        bad = everything[(everything < 0) | (everything >= dataset_size)][0]
+        raise ConfigError(
+            f"{where}: index {bad} is out of range for a dataset of "
+            f"{dataset_size} samples (valid: 0..{dataset_size - 1})"
+        )
+    counts = np.bincount(everything, minlength=dataset_size)
+    if counts.max() > 1:
+        twice = int(np.flatnonzero(counts > 1)[0])
+        raise ConfigError(
+            f"{where}: sample {twice} is assigned {counts[twice]} times "
+            "(each sample may appear once, in one client's train or test split or public)"
+        )
+
+
+def preset_partition(config: PartitionSpec | RunConfig, dataset: TensorDataset) -> PresetPartition | None:
+    """The exact partition a run must use, if any: ``--partition-file``, else the dataset's own
+    per-client train/test split under ``--partition natural`` (PFLlib folders). Validated."""
+    if config.partition_file is not None and config.partition_file.startswith(FLWR_PREFIX):
+        preset = flwr_preset(config, dataset)
+        name = None
+    elif config.partition_file is not None:
+        preset = read_partition_file(config.partition_file)
+        name = config.dataset
+    elif config.partition == "natural" and "client_splits" in dataset.info:
+        splits = dataset.info["client_splits"]
+        preset = PresetPartition(
+            [np.asarray(s, dtype=np.int64) for s in splits["train"]],
+            [np.asarray(s, dtype=np.int64) for s in splits["test"]],
+            np.zeros(0, dtype=np.int64),
+            f"{config.dataset}'s own client split",
+        )
+        name = None
+    else:
+        return None
+    validate_partition(preset, len(dataset.labels), name)
+    if (config.public_frac or 0) > 0 and len(preset.public) == 0:
+        raise ConfigError(
+            f"partition {preset.source!r} holds no public samples, but --public-frac "
+            f"is {config.public_frac:g}; pass --public-frac 0 (and --weights FILE or "
+            "--backbone random for a LoRA run)"
+        )
+    return preset
+
+
+def fit_num_clients(config: RunConfig, dataset: TensorDataset, explicit: set[str] | None = None) -> RunConfig:
+    """``config`` with ``num_clients`` taken from the preset partition, if there is one.
+
+    A ``--num-clients`` the user set explicitly (``explicit``) must agree with the partition.
+    """
+    if (config.partition_file or "").startswith(FLWR_PREFIX):
+        return config  # Flower's partitioner is built for --num-clients partitions
+    preset = preset_partition(config, dataset)
+    if preset is None or preset.num_clients == config.num_clients:
+        return config
+    if explicit is not None and "num_clients" in explicit:
+        raise ConfigError(
+            f"--num-clients {config.num_clients} contradicts partition "
+            f"{preset.source!r}, which has {preset.num_clients} clients; drop "
+            "--num-clients (the partition sets it)"
+        )
+    return dataclasses.replace(config, num_clients=preset.num_clients)

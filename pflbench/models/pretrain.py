@@ -1,0 +1,178 @@
+"""Where a run's initial weights come from, and the offline backbone: pretraining on public data.
+
+LoRA adapts a *pretrained* frozen backbone; on a random one it barely learns (SPEC §4). Offline,
+a label-stratified ``--public-frac`` of the pooled data is held out (``public_split``; no client
+ever gets it), the full model is trained on it centrally (AdamW, weight decay 0.05, batch 16,
+``--pretrain-epochs``, ``--pretrain-lr``: small ViTs on a few hundred images need the small
+batches and the decay; a stratified 20% of the public data is kept back to report accuracy), and
+the weights are cached in ``$PFLBENCH_CACHE/backbones/`` under a hash of everything that
+determines them (``backbone_key``). Runs then load that file exactly like ``--weights``.
+
+The file holds the backbone *without* the classifier head, as with hub weights (whose head
+never fits the task): every run learns its task head from client data only, so a run's
+starting accuracy is chance and algorithms are compared on what federated training adds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pflbench.config.run_config import RunConfig
+from pflbench.data.dataset import FederatedData, TensorDataset, cache_dir
+from pflbench.data.partition import split_train_test
+from pflbench.errors import ConfigError
+from pflbench.models.zoo import build_model, head_parameter_names, load_weights
+from pflbench.util import cache
+from pflbench.util.seeding import derive_seed, rng_stream
+
+PRETRAIN_BATCH_SIZE = 16
+PRETRAIN_WEIGHT_DECAY = 0.05
+PRETRAIN_VAL_FRAC = 0.2
+PRETRAIN_FORMAT_VERSION = 2
+
+
+def indices_digest(indices: np.ndarray) -> str:
+    return hashlib.sha256(np.asarray(indices, dtype=np.int64).tobytes()).hexdigest()[:16]
+
+
+def backbone_key(config: RunConfig, dataset: TensorDataset, public: np.ndarray) -> dict[str, Any]:
+    """Everything that determines the pretrained weights."""
+    return {
+        "version": PRETRAIN_FORMAT_VERSION,
+        "dataset": config.dataset,
+        "dataset_options": config.dataset_options(),
+        "dataset_source": dataset.source,
+        "input_shape": list(dataset.input_shape),
+        "num_classes": dataset.num_classes,
+        "model": config.model,
+        "model_options": config.model_options(),
+        "public_frac": config.public_frac,
+        "seed": config.seed,
+        "public_indices": indices_digest(public),
+        "epochs": config.pretrain_epochs,
+        "lr": config.pretrain_lr,
+        "batch_size": PRETRAIN_BATCH_SIZE,
+        "weight_decay": PRETRAIN_WEIGHT_DECAY,
+        "val_frac": PRETRAIN_VAL_FRAC,
+    }
+
+
+def backbone_path(config: RunConfig, key: dict[str, Any]) -> Path:
+    """``$PFLBENCH_CACHE/backbones/<dataset>-<model>-<hash of key>.pt`` (names made file-safe)."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{config.dataset}-{config.model}")[:120]
+    return cache_dir() / "backbones" / f"{stem}-{digest}.pt"
+
+
+@dataclass
+class PretrainedBackbone:
+    path: Path
+    val_accuracy: float  # on the kept-back 20% of the public data
+    num_train: int
+    num_val: int
+    from_cache: bool
+
+
+def train_centrally(model: nn.Module, data: FederatedData, epochs: int, lr: float, generator: torch.Generator) -> None:
+    """``epochs`` of AdamW on cross-entropy over ``data``'s one train split (client 0)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=PRETRAIN_WEIGHT_DECAY)
+    model.train()
+    for _ in range(epochs):
+        for inputs, targets in data.train_batches(0, PRETRAIN_BATCH_SIZE, generator):
+            loss = F.cross_entropy(model(inputs), targets)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+
+
+@torch.no_grad()
+def split_accuracy(model: nn.Module, data: FederatedData, indices: torch.Tensor) -> float:
+    model.eval()
+    inputs, targets = data.gather(indices)
+    return float((model(inputs).argmax(dim=1) == targets).float().mean())
+
+
+def pretrain_backbone(
+    config: RunConfig, dataset: TensorDataset, public: np.ndarray, device: torch.device
+) -> PretrainedBackbone:
+    """Train ``config.model`` on the public indices, or find the cached result; returns its file."""
+    key = backbone_key(config, dataset, public)
+    path = backbone_path(config, key)
+    entry = cache.load_entry(path, expect={"key": json.loads(json.dumps(key, default=str))})
+    if entry is not None:
+        meta = entry[1]
+        return PretrainedBackbone(path, meta["val_accuracy"], meta["num_train"], meta["num_val"], True)
+    labels = dataset.labels.numpy()
+    train, val = split_train_test(labels, [public], PRETRAIN_VAL_FRAC, rng_stream(config.seed, "public", 1))
+    data = FederatedData(dataset, train, val, device)
+    torch.manual_seed(derive_seed(config.seed, "public", 2))
+    model = build_model(config.model, dataset.input_shape, dataset.num_classes, **config.model_options()).to(device)
+    generator = torch.Generator().manual_seed(derive_seed(config.seed, "public", 3))
+    train_centrally(model, data, config.pretrain_epochs, config.pretrain_lr, generator)
+    accuracy = split_accuracy(model, data, data.test_indices[0])
+    meta = {"key": key, "val_accuracy": accuracy, "num_train": len(train[0]), "num_val": len(val[0])}
+    head = head_parameter_names(model)
+    backbone = {n: t.cpu() for n, t in model.state_dict().items() if n not in head}
+    cache.save_entry(path, backbone, json.loads(json.dumps(meta, default=str)))
+    return PretrainedBackbone(path, accuracy, len(train[0]), len(val[0]), False)
+
+
+def initial_weights(
+    config: RunConfig, dataset: TensorDataset, public: np.ndarray, device: torch.device, uses_lora: bool
+) -> tuple[Path | None, dict[str, Any]]:
+    """The weights file the run starts from (None: hub or random init) and how it was obtained.
+
+    ``--backbone auto``: ``--weights`` or ``--pretrained`` if given, else a LoRA run pretrains on
+    the public fraction and any other run starts at random.
+    """
+    if config.weights:
+        return Path(config.weights), {"source": f"file:{config.weights}"}
+    if config.pretrained:
+        return None, {"source": f"hub:{config.model}"}
+    if config.backbone == "random" or (config.backbone == "auto" and not uses_lora):
+        return None, {"source": "random init"}
+    if config.public_frac <= 0:
+        raise ConfigError(
+            "LoRA on a random frozen backbone barely learns: give --public-frac F (e.g. 0.2) to "
+            "pretrain one on public data no client gets, --weights FILE, --pretrained (network), "
+            "or --backbone random to accept a random init"
+        )
+    backbone = pretrain_backbone(config, dataset, public, device)
+    return backbone.path, {
+        "source": (
+            f"pretrained on public fraction {config.public_frac:g} of {config.dataset} "
+            f"({backbone.num_train} train / {backbone.num_val} held-back samples, "
+            f"{config.pretrain_epochs} epochs, AdamW lr {config.pretrain_lr:g}), "
+            f"cached at {backbone.path}"
+        ),
+        "public_val_acc": backbone.val_accuracy,
+        "cache": "hit" if backbone.from_cache else "created",
+    }
+
+
+def load_initial_weights(
+    model: nn.Module, path: Path | None, record: dict[str, Any], config: RunConfig, public: np.ndarray
+) -> dict[str, Any]:
+    """Load ``path`` (if any) into ``model``; refuse a backbone pretrained on this run's client data."""
+    if path is None:
+        return record
+    loaded = load_weights(model, path)
+    key = loaded.pop("meta").get("key", {})
+    if key.get("dataset") == config.dataset and key.get("public_indices") != indices_digest(public):
+        raise ConfigError(
+            f"{path} was pretrained on a public fraction {key.get('public_frac')} (seed {key.get('seed')}) "
+            f"of {config.dataset}; this run would give that data to clients. Use --public-frac "
+            f"{key.get('public_frac')} --seed {key.get('seed')}, or let --backbone public build "
+            "a matching one"
+        )
+    return {**record, **loaded}

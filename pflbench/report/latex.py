@@ -1,0 +1,154 @@
+"""A leaderboard as a LaTeX ``table`` float that drops into a paper.
+
+Needs ``\\usepackage{booktabs}`` and, for ``fit="resize"`` (the default), ``\\usepackage{graphicx}``.
+The caption states the setup and how to read the cells (``tables.notes``); the label is unique
+per table content (``tab:<metric>-<hash>``) unless given. ``fit``: ``resize`` scales a table
+wider than ``\\linewidth`` down to it (narrower tables keep their size), ``transpose`` puts the
+algorithms in columns and the (dataset, α) panels in rows (and shrinks it too if it is still
+wider than the text), ``none`` leaves it as it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pandas as pd
+
+from pflbench.report.names import quantity
+from pflbench.report.render import Style, body_rows, columns_of, metric_title, multi_quantity, notes, rank_text, spans
+
+FITS = ("resize", "transpose", "none")
+LATEX_SPECIAL = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "<": r"\textless{}",
+    ">": r"\textgreater{}",
+    "|": r"\textbar{}",
+    "α": r"$\alpha$",
+    "±": r"$\pm$",
+    "—": "---",
+    "†": r"$\dagger$",
+    "≥": r"$\geq$",
+    "≤": r"$\leq$",
+    "≈": r"$\approx$",
+    "–": "--",
+}
+
+
+def latex_escape(text: str) -> str:
+    """Text as LaTeX typesets it literally; line breaks and other control characters become spaces."""
+    return "".join(LATEX_SPECIAL.get(char, " " if char.isspace() or not char.isprintable() else char) for char in text)
+
+
+DAGGER = r"$\dagger$"
+LATEX = Style(
+    r" $\pm$ ",
+    lambda t: rf"\textbf{{{t}}}",
+    lambda t: rf"\underline{{{t}}}",
+    lambda n, dagger: r"\textsuperscript{" + (DAGGER if dagger else "") + f"n={n}}}",
+    "---",
+    latex_escape,
+)
+
+
+def table_label(table: pd.DataFrame) -> str:
+    """``tab:<metric>-<8 hex>``: a hash of the rows, columns, setup and options shown."""
+    content = json.dumps(
+        [
+            list(table.index),
+            [list(map(str, c)) for c in table.columns],
+            {k: v for k, v in table.attrs.items() if k != "per_seed"},
+        ],
+        sort_keys=True,
+        default=str,
+    )
+    metric = "".join(c if c.isalnum() else "-" for c in table.attrs.get("metric", "metric"))
+    return f"tab:{metric}-{hashlib.sha256(content.encode()).hexdigest()[:8]}"
+
+
+def safe_label(label: str) -> str:
+    """A ``\\label`` key: letters, digits and ``:-_.`` kept, anything else becomes ``-``."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in ":-_.") else "-" for c in label)
+
+
+def _header_lines(table: pd.DataFrame) -> list[str]:
+    columns = columns_of(table)
+    levels = [lambda c: (c[0],), lambda c: (c[0], c[1])]
+    texts = [lambda key: latex_escape(key[0]), lambda key: rf"$\alpha={key[1]:g}$"]
+    if multi_quantity(table):
+        levels.append(lambda c: c)
+        texts.append(lambda key: latex_escape(quantity(key[2]).label))
+    lines = []
+    for depth, (level, text) in enumerate(zip(levels, texts)):
+        start, parts, rules = 2, [], []
+        for key, length in spans([level(c) for c in columns]):
+            parts.append(rf"\multicolumn{{{length}}}{{c}}{{{text(key)}}}")
+            rules.append(rf"\cmidrule(lr){{{start}-{start + length - 1}}}")
+            start += length
+        last = depth == len(levels) - 1
+        ranks = ["Avg. rank", "Rank"] if last else ["", ""]
+        lines.append(" & ".join(["Algorithm" if last else "", *parts, *ranks]) + r" \\")
+        if not last:
+            lines.append(" ".join(rules))
+    return lines
+
+
+def _tabular(table: pd.DataFrame) -> list[str]:
+    columns = columns_of(table)
+    lines = [r"\begin{tabular}{l" + "c" * len(columns) + "cc}", r"\toprule", *_header_lines(table), r"\midrule"]
+    lines += [" & ".join([row, *cells_]) + r" \\" for row, cells_ in body_rows(table, LATEX)]
+    return lines + [r"\bottomrule", r"\end{tabular}"]
+
+
+def _transposed(table: pd.DataFrame) -> list[str]:
+    rows = body_rows(table, LATEX)
+    columns = columns_of(table)
+    multi = multi_quantity(table)
+    lines = [
+        r"\begin{tabular}{l" + "c" * len(rows) + "}",
+        r"\toprule",
+        " & ".join(["Dataset, $\\alpha$", *(row for row, _ in rows)]) + r" \\",
+        r"\midrule",
+    ]
+    for index, column in enumerate(columns):
+        label = rf"{latex_escape(column[0])}, $\alpha={column[1]:g}$"
+        if multi:
+            label += ", " + latex_escape(quantity(column[2]).label)
+        lines.append(" & ".join([label, *(texts[index] for _, texts in rows)]) + r" \\")
+    lines.append(r"\midrule")
+    for offset, name in ((len(columns), "Avg. rank"), (len(columns) + 1, "Rank")):
+        lines.append(" & ".join([name, *(texts[offset] for _, texts in rows)]) + r" \\")
+    return lines + [r"\bottomrule", r"\end{tabular}"]
+
+
+def to_latex(table: pd.DataFrame, label: str | None = None, fit: str = "resize") -> str:
+    """A ``table`` float: caption (setup, metric, marks), unique label, booktabs ``tabular``."""
+    if fit not in FITS:
+        raise ValueError(f"fit must be one of {FITS}")
+    caption = latex_escape(" ".join(notes(table)))
+    short = latex_escape(metric_title(table))
+    body = _transposed(table) if fit == "transpose" else _tabular(table)
+    if fit != "none":  # shrink to \linewidth only when wider
+        body = [r"\resizebox{\ifdim\width>\linewidth\linewidth\else\width\fi}{!}{%", *body, "}"]
+    lines = [
+        r"\begin{table}[t]",
+        r"\centering",
+        rf"\caption[{short}]{{{caption}}}",
+        rf"\label{{{safe_label(label) if label else table_label(table)}}}",
+        r"\smallskip",
+        *body,
+        r"\end{table}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["FITS", "LATEX", "latex_escape", "rank_text", "table_label", "to_latex"]

@@ -1,0 +1,201 @@
+"""Figures for partitions and results (matplotlib, Agg canvas, imported lazily).
+
+matplotlib is imported inside the functions so that ``import pflbench`` stays fast, and figures
+are drawn on a private Agg canvas (no pyplot, no global backend switch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pflbench.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+_MAX_LEGEND_CLASSES = 20
+
+
+def plot_label_distribution(
+    label_histogram: Sequence[Sequence[int]] | np.ndarray, path: str | Path, title: str = ""
+) -> Path:
+    """Stacked horizontal bars: samples per class (colours) for each client (rows).
+
+    ``label_histogram`` is the K × C matrix of ``partition_stats(...)["label_histogram"]``.
+    The format follows the suffix of ``path`` (``.png``, ``.pdf``, ``.svg``; none → ``.png``).
+    Returns the path written.
+    """
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+    from matplotlib.figure import Figure
+
+    histogram = np.asarray(label_histogram)
+    if histogram.ndim != 2 or histogram.shape[0] == 0 or histogram.shape[1] == 0:
+        raise ConfigError(f"label histogram must be a non-empty clients × classes matrix, got shape {histogram.shape}")
+    if (histogram < 0).any():
+        raise ConfigError("label histogram has negative counts")
+    num_clients, num_classes = histogram.shape
+    path = Path(path)
+    if not path.suffix:
+        path = path.with_suffix(".png")
+
+    if num_classes <= 10:
+        colours = matplotlib.colormaps["tab10"].colors[:num_classes]
+    elif num_classes <= 20:
+        colours = matplotlib.colormaps["tab20"].colors[:num_classes]
+    else:
+        colours = matplotlib.colormaps["turbo"](np.linspace(0.05, 0.95, num_classes))
+
+    bar_height = 0.8
+    fig_height = min(max(3.0, 0.16 * num_clients + 1.6), 24.0)
+    figure = Figure(figsize=(9.0, fig_height), dpi=150, layout="constrained")
+    canvas = FigureCanvasAgg(figure)
+    supported = canvas.get_supported_filetypes()
+    fmt = path.suffix[1:].lower()
+    if fmt not in supported:
+        raise ConfigError(
+            f"cannot write a plot as {path.suffix!r}; use one of {', '.join('.' + s for s in sorted(supported))}"
+        )
+    axes = figure.add_subplot()
+    rows = np.arange(num_clients)
+    left = np.zeros(num_clients)
+    for c in range(num_classes):
+        axes.barh(rows, histogram[:, c], left=left, height=bar_height, color=colours[c], label=str(c), linewidth=0)
+        left += histogram[:, c]
+
+    axes.set_ylim(num_clients - 0.5, -0.5)  # client 0 at the top
+    step = max(1, int(np.ceil(num_clients / 40)))
+    axes.set_yticks(rows[::step], [str(k) for k in rows[::step]], fontsize=8 if num_clients <= 40 else 7)
+    axes.set_ylabel("client")
+    axes.set_xlabel("samples")
+    axes.set_xlim(0, max(1.0, float(left.max())) * 1.02)
+    axes.grid(axis="x", alpha=0.3)
+    axes.set_axisbelow(True)
+    if title:
+        axes.set_title(title)
+
+    if num_classes <= _MAX_LEGEND_CLASSES:
+        axes.legend(
+            title="class",
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            fontsize=8,
+            title_fontsize=9,
+            frameon=False,
+            ncols=1 if num_classes <= 12 or fig_height > 5 else 2,
+        )
+    else:
+        from matplotlib.cm import ScalarMappable
+
+        norm = BoundaryNorm(np.arange(num_classes + 1) - 0.5, num_classes)
+        mappable = ScalarMappable(norm=norm, cmap=ListedColormap(colours))
+        colorbar = figure.colorbar(mappable, ax=axes, fraction=0.04, pad=0.02)
+        colorbar.set_label("class")
+        tick_step = max(1, int(np.ceil(num_classes / 20)))
+        colorbar.set_ticks(np.arange(0, num_classes, tick_step))
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format=fmt, dpi=150)
+    return path
+
+
+def plot_curves(
+    bands: pd.DataFrame,
+    paths: Sequence[str | Path],
+    x_label: str,
+    y_label: str,
+    title: str = "",
+    integer_x: bool = False,
+) -> list[Path]:
+    """``curve_figure`` saved to every path (format by suffix: PNG, or PDF/SVG as vector)."""
+    figure = curve_figure(bands, x_label, y_label, title, integer_x)
+    written = []
+    for path in map(Path, paths):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            figure.savefig(path, format=path.suffix[1:].lower() or "png", dpi=150)
+        except OSError as error:
+            raise ConfigError(f"cannot write {path}: {error.strerror or error}") from None
+        written.append(path)
+    return written
+
+
+def _plain(text: str) -> str:
+    """Text shown as is: a ``$`` would start matplotlib's math mode."""
+    return text.replace("$", r"\$")
+
+
+def curve_figure(bands: pd.DataFrame, x_label: str, y_label: str, title: str = "", integer_x: bool = False) -> Figure:
+    """One panel per (dataset, α): a line per table row (mean over seeds) and a ±std band.
+
+    ``bands`` has the columns row, dataset, alpha, x, mean, std of ``leaderboard.curve_bands``.
+    ``integer_x``: ticks only at whole numbers (rounds).
+    """
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import MaxNLocator
+
+    if bands.empty:
+        raise ConfigError("no curves to plot")
+    panels = sorted({(d, a) for d, a in zip(bands["dataset"], bands["alpha"])})
+    rows = sorted(bands["row"].unique())
+    palette = matplotlib.colormaps["tab10" if len(rows) <= 10 else "tab20"]
+    colours = {row: palette(i % palette.N) for i, row in enumerate(rows)}
+    # line style and marker vary too, so that curves lying on top of each other stay visible
+    styles = {row: (("-", "--", "-.", ":")[i % 4], "osD^v<>p"[i % 8]) for i, row in enumerate(rows)}
+    columns = min(3, len(panels))
+    grid_rows = -(-len(panels) // columns)
+    figure = Figure(figsize=(4.6 * columns, 3.4 * grid_rows + 0.5), dpi=150, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes_grid = figure.subplots(grid_rows, columns, squeeze=False)
+    for axes, (dataset, alpha) in zip(axes_grid.flat, panels):
+        panel = bands[(bands["dataset"] == dataset) & (bands["alpha"] == alpha)]
+        for row, curve in panel.groupby("row"):
+            curve = curve.sort_values("x")
+            x, mean, std = curve["x"].to_numpy(), curve["mean"].to_numpy(), curve["std"].fillna(0).to_numpy()
+            axes.plot(
+                x,
+                mean,
+                color=colours[row],
+                label=_plain(row),
+                linewidth=1.6,
+                linestyle=styles[row][0],
+                marker=styles[row][1] if len(x) <= 25 else None,
+                markersize=3.5,
+                markerfacecolor="none",
+            )
+            axes.fill_between(x, mean - std, mean + std, color=colours[row], alpha=0.18, linewidth=0)
+        axes.set_title(_plain(f"{dataset}, α={alpha:g}"), fontsize=10)
+        axes.set_xlabel(x_label)
+        axes.set_ylabel(y_label)
+        axes.grid(alpha=0.3)
+        if integer_x:
+            axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for axes in list(axes_grid.flat)[len(panels) :]:
+        axes.set_visible(False)
+    handles = [
+        Line2D(
+            [],
+            [],
+            color=colours[row],
+            linewidth=1.6,
+            linestyle=styles[row][0],
+            marker=styles[row][1],
+            markerfacecolor="none",
+        )
+        for row in rows
+    ]
+    figure.legend(
+        handles, [_plain(row) for row in rows], loc="outside lower center", ncols=min(len(rows), 4), frameon=False
+    )
+    if title:
+        figure.suptitle(title)
+    return figure

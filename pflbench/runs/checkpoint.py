@@ -1,0 +1,103 @@
+"""Checkpoints of a running federation, so a killed run resumes exactly where it was.
+
+``OUT/runs/.tmp-NAME/checkpoint.pt`` is a verified cache entry (``cache.save_entry``: tensors +
+JSON metadata with a content hash, loaded with ``weights_only=True``, written atomically) holding
+
+- the algorithm's state (``Algorithm.checkpoint_state``: global_state, each stored client's
+  private tensors, the attributes named in ``checkpoint_attributes``);
+- the loop's state: the next round, the client-sampling stream (``sampling_rng``), the byte
+  totals and the last per-client accuracies (training seeds are derived per (round, client);
+  no optimizer state crosses rounds);
+- the number of rounds.jsonl lines written (the file is cut back to it on resume) and the
+  accuracy of the starting backbone (measured once, before round 1);
+- the run's identity hash: a checkpoint of other settings is never resumed.
+
+It is written every ``--checkpoint-every`` rounds (default 10, 0 = never), never after the last
+round (the finished run replaces it), and removed when the run is complete.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pflbench.engine import Federation, Observer
+from pflbench.util.cache import json_safe, load_entry, save_entry
+
+CHECKPOINT_FILE = "checkpoint.pt"
+KIND = "pflbench-checkpoint-v1"
+DEFAULT_EVERY = 10
+
+
+def save_checkpoint(
+    path: Path, federation: Federation, identity_hash: str, records: int, before: dict[str, Any]
+) -> None:
+    tensors, algorithm_meta = federation.algorithm.checkpoint_state()
+    meta = {
+        "kind": KIND,
+        "identity_hash": identity_hash,
+        "next_round": federation.next_round,
+        "records": records,
+        "before": before,
+        "algorithm": algorithm_meta,
+        "sampling_rng": federation.sampling_rng.bit_generator.state,
+        "bytes_up_total": federation.bytes_up_total,
+        "bytes_down_total": federation.bytes_down_total,
+        "client_accuracy": [float(a) for a in federation.client_accuracy],
+    }
+    if not json_safe(meta):
+        raise ValueError(
+            f"{type(federation.algorithm).__name__}.checkpoint_state() returned metadata "
+            "that is not JSON-able; keep tensors in the tensor dict"
+        )
+    save_entry(path, tensors, meta)
+
+
+def load_checkpoint(path: Path, identity_hash: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The checkpoint's (tensors, metadata), or None (none; or corrupt/foreign: warned, deleted)."""
+    entry = load_entry(path, expect={"kind": KIND, "identity_hash": identity_hash})
+    return entry
+
+
+def restore_checkpoint(federation: Federation, tensors: dict[str, Any], meta: dict[str, Any]) -> None:
+    federation.algorithm.restore_state(tensors, meta["algorithm"])
+    federation.sampling_rng.bit_generator.state = meta["sampling_rng"]
+    federation.next_round = meta["next_round"]
+    federation.bytes_up_total, federation.bytes_down_total = meta["bytes_up_total"], meta["bytes_down_total"]
+    federation.client_accuracy = np.asarray(meta["client_accuracy"], dtype=float)
+
+
+class CheckpointObserver(Observer):
+    """Saves a checkpoint after every ``every``-th round (not the last); times each save."""
+
+    def __init__(
+        self,
+        path: Path,
+        federation: Federation,
+        identity_hash: str,
+        every: int,
+        writer: Any,
+        before: dict[str, Any],
+        claim: Any = None,
+    ) -> None:
+        self.path, self.federation, self.identity_hash = path, federation, identity_hash
+        self.every, self.writer, self.before, self.claim = every, writer, before, claim
+        self.times: list[float] = []
+
+    def on_round_end(self, record: dict[str, Any]) -> None:
+        if self.claim is not None:
+            self.claim.touch()
+        round_index = record["round"]
+        if not self.every or round_index % self.every or round_index >= self.federation.config.rounds:
+            return
+        started = time.perf_counter()
+        self.writer.sync()  # the rounds a checkpoint counts are on disk before it
+        save_checkpoint(self.path, self.federation, self.identity_hash, round_index, self.before)
+        self.times.append(time.perf_counter() - started)
+
+    def report(self) -> dict[str, Any]:
+        """Summary entries: checkpoints written by this process and their total time."""
+        return {"checkpoints_written": len(self.times), "checkpoint_time_s": float(sum(self.times))}

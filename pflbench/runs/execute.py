@@ -1,0 +1,202 @@
+"""``execute(prepared)``: the federation's rounds in a claimed work folder ``OUT/runs/.tmp-NAME``
+with the result writer, checkpoints, trackers and other observers watching; then the summary,
+the saved models, and the folder moved into place as ``OUT/runs/NAME`` (``rundir``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+from pflbench.config.run_config import identity_hash, run_identity
+from pflbench.engine import Diverged, Federation, Observer, RunObserver
+from pflbench.engine.metrics import summarize
+from pflbench.engine.observers import RoundCallback
+from pflbench.runs.checkpoint import CHECKPOINT_FILE, CheckpointObserver
+from pflbench.runs.start import start_or_resume
+from pflbench.runs.trackers import make_trackers
+from pflbench.store.layout import Claim, RunPaths, guard_run, publish, read_json, writing
+from pflbench.store.writer import RunWriter
+
+if TYPE_CHECKING:
+    from pflbench.runs.prepared import PreparedRun
+
+
+class WriterObserver(Observer):
+    """Keeps the round records and writes one rounds.jsonl line per round."""
+
+    def __init__(self, writer: RunWriter, records: list[dict[str, Any]]) -> None:
+        self.writer, self.records = writer, records
+
+    def on_round_end(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        self.writer.write_round(record)
+
+
+class RunDiverged(RuntimeError):
+    """The run stopped on a non-finite loss or parameter; its partial results were kept."""
+
+    def __init__(self, summary: dict[str, Any]) -> None:
+        self.summary = summary
+        d = summary["diverged"]
+        where = f"client {d['client']}, " if d["client"] is not None else ""
+        super().__init__(
+            f"run diverged at round {d['round']} ({where}{d['term']} is not finite); "
+            f"partial results with status 'diverged' in {summary['run_dir']}"
+        )
+
+
+class _KillAfterRound(Observer):
+    """Test hook (``PFLBENCH_TEST_KILL_AFTER_ROUND=r``): SIGKILL this process after round r."""
+
+    def __init__(self, round_index: int) -> None:
+        self.round = round_index
+
+    def on_round_end(self, record: dict[str, Any]) -> None:
+        if record["round"] == self.round:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def execute(
+    prepared: PreparedRun,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+    plugins: tuple[str, ...] = (),
+    observers: Sequence[RunObserver] = (),
+    *,
+    force: bool = False,
+    resume: bool = False,
+) -> dict[str, Any]:
+    """Run the rounds into ``OUT/runs/.tmp-NAME`` and move the folder to ``OUT/runs/NAME`` when
+    complete (``rundir``); returns the summary.
+
+    Refuses (ConfigError) a run that is finished (unless ``force``) or claimed by another live
+    process. ``resume``: continue from the work folder's checkpoint when there is one.
+    Raises ``RunDiverged`` (partial results kept, status ``diverged``) on a non-finite loss or
+    parameter."""
+    paths = RunPaths(prepared.run_dir)
+    guard_run(paths, force)
+    with Claim(paths) as claim, writing(paths.work):  # a full disk: "cannot write FILE: reason"
+        guard_run(paths, force, check_claim=False)  # finished by another process meanwhile?
+        trackers: list[Any] = []  # made once the work folder exists (_execute_claimed)
+        try:
+            return _execute_claimed(prepared, paths, claim, on_round, plugins, observers, resume, trackers)
+        except BaseException:
+            for tracker in trackers:  # an MLflow run that stopped early is marked FAILED
+                tracker.close(failed=True)
+            raise
+
+
+def _execute_claimed(
+    prepared: PreparedRun,
+    paths: RunPaths,
+    claim: Claim,
+    on_round: Callable[[dict[str, Any]], None] | None,
+    plugins: tuple[str, ...],
+    observers: Sequence[RunObserver],
+    resume: bool,
+    trackers: list[Any],
+) -> dict[str, Any]:
+    config = prepared.config
+    identity = identity_hash(run_identity(config, type(prepared.algorithm), prepared.algorithm.hparams))
+    done = read_json(paths.work / "summary.json") if resume else None
+    if (
+        isinstance(done, dict)
+        and done.get("status") == "completed"
+        and (read_json(paths.work / "config.json") or {}).get("identity_hash") == identity
+    ):
+        publish(paths)  # killed between writing summary.json and moving the folder into place
+        return done
+    federation = Federation(prepared.algorithm, prepared.executor, prepared.data.num_test)
+    writer, records, before = start_or_resume(prepared, federation, paths, identity, resume, plugins)
+    # trackers write into the work folder (tensorboard/), moved into place with the run
+    at_work = SimpleNamespace(config=config, run_dir=paths.work, hparams=prepared.algorithm.hparams)
+    trackers.extend(make_trackers(config.log, at_work, config.mlflow_uri))
+    observers = [*trackers, *observers]
+    checkpointer = CheckpointObserver(
+        paths.work / CHECKPOINT_FILE, federation, identity, config.checkpoint_every, writer, before, claim
+    )
+    kill_after = os.environ.get("PFLBENCH_TEST_KILL_AFTER_ROUND")
+    federation.observers = [
+        WriterObserver(writer, records),
+        checkpointer,
+        *observers,
+        *([RoundCallback(on_round)] if on_round else []),
+        *([_KillAfterRound(int(kill_after))] if kill_after else []),
+    ]
+    for observer in federation.observers:
+        observer.on_run_start(prepared)
+    started = time.perf_counter()
+
+    def base_summary() -> dict[str, Any]:
+        return {
+            "algo": config.algo,
+            "dataset": config.dataset,
+            "alpha": config.alpha,
+            "partition": config.partition,
+            "seed": config.seed,
+            "num_clients": config.num_clients,
+            "model": config.model,
+        }
+
+    try:
+        client_accuracy = federation.run()
+    except Diverged as diverged:
+        summary = {
+            "status": "diverged",
+            "diverged": diverged.to_json(),
+            **base_summary(),
+            **summarize(records),
+            **before,
+            "wall_time_s": time.perf_counter() - started,
+            "run_dir": str(paths.final),
+        }
+        writer.write_summary(summary)
+        (paths.work / CHECKPOINT_FILE).unlink(missing_ok=True)
+        publish(paths)
+        raise RunDiverged(summary) from None
+    finally:
+        writer.close()
+        getattr(prepared.executor, "close", lambda: None)()  # e.g. Ray actors back to the pool
+    stats = prepared.partition.stats
+    report, client_columns = prepared.algorithm.final_report()
+    writer.write_clients(
+        [
+            {
+                "client": k,
+                "train_samples": stats["train_samples"][k],
+                "test_samples": stats["test_samples"][k],
+                "classes": stats["classes_per_client"][k],
+                "pers_acc": float(client_accuracy[k]),
+                **(
+                    {"pers_acc_ft": float(federation.finetune_accuracy[k])}
+                    if federation.finetune_accuracy is not None
+                    else {}
+                ),
+                **{column: values[k] for column, values in client_columns.items()},
+            }
+            for k in range(config.num_clients)
+        ]
+    )
+    summary = {
+        "status": "completed",
+        **base_summary(),
+        **summarize(records),
+        **before,
+        **report,
+        "wall_time_s": time.perf_counter() - started,
+        **checkpointer.report(),
+        "run_dir": str(paths.final),
+    }
+    if config.save_model:  # before summary.json: a finished run folder holds its models
+        from pflbench.runs.export import save_models
+
+        save_models(prepared, paths.work)
+    for observer in federation.observers:  # trackers close their files while they are in the work folder
+        observer.on_run_end(summary)
+    writer.write_summary(summary)
+    (paths.work / CHECKPOINT_FILE).unlink(missing_ok=True)
+    publish(paths)
+    return summary

@@ -1,0 +1,232 @@
+"""Reading run folders into the leaderboard's tidy frame, each run counted once.
+
+A run is identified by what determines its numbers — ``config.json`` without the keys that
+only say where, when, how and with which versions it ran (``RUN_IDENTITY_EXCLUDED``) — not by
+its folder name: a copied or renamed folder is the same run, listed in a warning and counted
+once. Folders that are unfinished (no ``summary.json``), failed (``error.json``), not normal
+(``summary.json`` ``status`` other than ``completed``/``ok``, e.g. ``diverged``) or malformed
+(unreadable, truncated, absurd or deeply nested JSON, wrong types) are left out, each with one
+warning naming the folder; ``include_abnormal=True`` keeps the not-normal ones, flagged in the
+``status`` column so that tables show them on rows of their own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import warnings
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from pflbench.errors import ConfigError
+
+GRID_AXES = ("algo", "dataset", "alpha", "seed")
+COLUMNS = ("run", "algo", "dataset", "alpha", "seed", "round", "metric", "value", "config_key", "status")
+SUMMARY_NON_METRICS = {"alpha", "seed", "num_clients", "rounds", "evaluations"}
+ROUND_NON_METRICS = {"round", "clients"}
+NORMAL_STATUS = (None, "completed", "ok")
+RUN_IDENTITY_EXCLUDED = {
+    "out",
+    "command",
+    "plugins",
+    "resolved",
+    "versions",
+    "git_commit",
+    "started",
+    "finished",
+    "started_at",
+    "finished_at",
+    "wall_time_s",
+    "hostname",
+}
+MAX_JSON_BYTES = 16 * 2**20
+MAX_ROUNDS_BYTES = 256 * 2**20
+
+
+class RunFolderWarning(UserWarning):
+    """A run folder that is unfinished, failed, not normal, a duplicate or unreadable."""
+
+
+def find_run_folders(paths: Iterable[str | Path], warn: Callable[[str], None] | None = None) -> list[Path]:
+    """Run folders under each path: ``PATH/runs/*`` for an output folder, else ``PATH/*``."""
+    folders = []
+    for path in map(Path, paths):
+        if not path.is_dir():
+            raise ConfigError(f"{path} is not a folder")
+        if (path / "config.json").is_file() or (path / "error.json").is_file():
+            folders.append(path)
+            continue
+        parent = path / "runs" if (path / "runs").is_dir() else path
+        try:
+            # .old-*: a finished run being replaced by --force (the runner restores or deletes it);
+            # .tmp-*: a run in progress or killed, reported as unfinished
+            folders.extend(sorted(p for p in parent.iterdir() if p.is_dir() and not p.name.startswith(".old-")))
+        except OSError as error:
+            if warn is None:
+                raise ConfigError(f"cannot read {parent}: {error.strerror or error}") from None
+            warn(f"skipped {parent}: cannot list it ({error.strerror or error})")
+    return folders
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        if path.stat().st_size > MAX_JSON_BYTES:
+            raise ValueError(f"{path.name} is larger than {MAX_JSON_BYTES // 2**20} MiB")
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"no {path.name}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path.name} is unreadable ({error})") from None
+    except RecursionError:
+        raise ValueError(f"{path.name} is nested too deeply") from None
+
+
+def _failure(folder: Path) -> str:
+    """Why a folder has no summary.json: its error.json, or unfinished."""
+    try:
+        error = _read_json(folder / "error.json")
+        return f"failed run ({str(error.get('error_type'))[:200]}: {str(error.get('message'))[:500]})"
+    except (ValueError, AttributeError):
+        return "unfinished run (no summary.json)"
+
+
+def flat_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``config.json`` as one flat mapping: settings kept in groups (``{"data": {...}}``) are
+    lifted to the top level (top-level keys win); ``algo_hparams`` and the excluded keys stay."""
+    flat: dict[str, Any] = {}
+    groups = [
+        k for k, v in config.items() if isinstance(v, dict) and k != "algo_hparams" and k not in RUN_IDENTITY_EXCLUDED
+    ]
+    for group in groups:
+        flat.update(config[group])
+    flat.update({k: v for k, v in config.items() if k not in groups})
+    return flat
+
+
+def setting_of(config: dict[str, Any]) -> dict[str, Any]:
+    """The run's settings minus the grid axes and what does not determine the numbers (output
+    location, command, versions, ...): ``{"run": {...}, "algo_hparams": {...}}``."""
+    if isinstance(config.get("identity"), dict):  # exactly the settings the run read (config.run_identity)
+        identity = config["identity"]
+        run = {k: v for k, v in identity.items() if k not in (*GRID_AXES, "algo_hparams")}
+        return {"run": run, "algo_hparams": dict(identity.get("algo_hparams") or {})}
+    flat = flat_config(config)
+    run = {k: v for k, v in flat.items() if k not in (*GRID_AXES, "algo_hparams") and k not in RUN_IDENTITY_EXCLUDED}
+    return {"run": run, "algo_hparams": dict(flat.get("algo_hparams") or {})}
+
+
+def run_identity(config: dict[str, Any]) -> str:
+    """A hash of everything in ``config.json`` that determines the run's numbers (settings and
+    seed): two folders with the same identity hold the same run."""
+    if isinstance(config.get("identity"), dict):  # written by the runner: the settings it read
+        return hashlib.sha256(json.dumps(config["identity"], sort_keys=True, default=str).encode()).hexdigest()[:16]
+    kept = {k: v for k, v in config.items() if k not in RUN_IDENTITY_EXCLUDED}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _is_number(value: Any) -> bool:
+    """None (no value) or a real number a float can hold (not a bool, not a 400-digit int)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return abs(value) < 2**1000
+    return value is None or isinstance(value, float)
+
+
+def _grid_values(config: dict[str, Any]) -> tuple[str, str, float, int]:
+    """(algo, dataset, alpha, seed) with their types checked."""
+    missing = [k for k in GRID_AXES if k not in config]
+    if missing:
+        raise ValueError(f"config.json lacks {', '.join(missing)}")
+    algo, dataset, alpha, seed = (config[k] for k in GRID_AXES)
+    if not isinstance(algo, str) or not isinstance(dataset, str) or not algo or not dataset:
+        raise ValueError("config.json: algo and dataset must be non-empty strings")
+    if not _is_number(alpha) or alpha is None or not math.isfinite(alpha) or alpha < 0:
+        raise ValueError(f"config.json: alpha must be a finite number ≥ 0, got {str(alpha)[:50]}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+        raise ValueError(f"config.json: seed must be an integer ≥ 0, got {str(seed)[:50]}")
+    return algo, dataset, float(alpha), seed
+
+
+def run_status(summary: dict[str, Any]) -> str | None:
+    """The run's status: None for a normal run, else the (non-normal) ``status`` text."""
+    status = summary.get("status")
+    return None if status in NORMAL_STATUS else str(status)[:40]
+
+
+def read_run(folder: Path) -> tuple[str, str | None, list[tuple[Any, ...]]]:
+    """(identity, status, tidy rows) of one finished run folder; ValueError if unfinished or malformed."""
+    if not (folder / "summary.json").is_file():
+        raise ValueError(_failure(folder))
+    config, summary = _read_json(folder / "config.json"), _read_json(folder / "summary.json")
+    if not isinstance(config, dict) or not isinstance(summary, dict):
+        raise ValueError("config.json or summary.json is not a JSON object")
+    if not isinstance(config.get("algo_hparams", {}), (dict, type(None))):
+        raise ValueError("config.json: algo_hparams is not an object")
+    head_values = _grid_values(flat_config(config))
+    try:
+        if (folder / "rounds.jsonl").stat().st_size > MAX_ROUNDS_BYTES:
+            raise ValueError(f"rounds.jsonl is larger than {MAX_ROUNDS_BYTES // 2**20} MiB")
+        lines = (folder / "rounds.jsonl").read_text().splitlines()
+        records = [json.loads(line) for line in lines if line.strip()]
+        key = json.dumps(setting_of(config), sort_keys=True, default=str)
+        identity = run_identity(config)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"rounds.jsonl is unreadable ({error})") from None
+    except RecursionError:
+        raise ValueError("config.json or rounds.jsonl is nested too deeply") from None
+    status = run_status(summary)
+    head = (folder.name, *head_values)
+    rows = [
+        (*head, None, k, v, key, status) for k, v in summary.items() if k not in SUMMARY_NON_METRICS and _is_number(v)
+    ]
+    for record in records:
+        number = record.get("round") if isinstance(record, dict) else None
+        if not isinstance(number, int) or isinstance(number, bool) or not 0 <= number < 2**53:
+            raise ValueError("rounds.jsonl has a record without a round number")
+        rows += [
+            (*head, record["round"], k, v, key, status)
+            for k, v in record.items()
+            if k not in ROUND_NON_METRICS and isinstance(k, str) and _is_number(v)
+        ]
+    return identity, status, rows
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, RunFolderWarning, stacklevel=3)
+
+
+def load_runs(
+    paths: str | Path | Iterable[str | Path], warn: Callable[[str], None] = _warn, include_abnormal: bool = False
+) -> pd.DataFrame:
+    """Every finished run under ``paths``, each once, as one tidy frame; the others are skipped
+    with a warning (``include_abnormal``: runs whose status is not normal are kept, flagged)."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    readable: list[tuple[Path, str, str | None, list[tuple[Any, ...]]]] = []
+    for folder in find_run_folders(paths, warn):
+        try:
+            readable.append((folder, *read_run(folder)))
+        except (ValueError, TypeError, KeyError, OverflowError, RecursionError, MemoryError) as error:
+            warn(f"skipped {folder}: {error}")
+    # of several copies of one run, keep the folder the runner named (its name ends in the hash)
+    readable.sort(key=lambda item: not item[0].name.endswith("__" + item[1][:8]))
+    rows: list[tuple[Any, ...]] = []
+    seen: dict[str, Path] = {}
+    names: set[str] = set()
+    for folder, identity, status, run_rows in readable:
+        if identity in seen:
+            warn(f"skipped {folder}: same run (settings and seed) as {seen[identity]}; counted once")
+            continue
+        seen[identity] = folder
+        if status is not None and not include_abnormal:
+            warn(f"skipped {folder}: {status} run (status {status!r}); --include-diverged shows it flagged")
+            continue
+        if folder.name in names:  # same folder name, different settings: keep both apart
+            run_rows = [(str(folder), *row[1:]) for row in run_rows]
+        names.add(folder.name)
+        rows += run_rows
+    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    frame["value"] = pd.to_numeric(frame["value"], errors="coerce")
+    return frame.astype({"round": "Int64", "value": "float64", "alpha": "float64", "seed": "int64", "status": "object"})

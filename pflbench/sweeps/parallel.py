@@ -1,0 +1,102 @@
+"""A sweep's runs in parallel worker processes (``pflbench sweep --jobs N``).
+
+Each run goes to a fresh ``spawn``-ed process (no state shared with the driver or other runs)
+with ``threads // N`` threads, so N runs share the cores instead of oversubscribing them. A
+run's numbers do not depend on the process it runs in: ``--jobs N`` writes the same metrics as
+``--jobs 1`` (at equal threads per run). The driver keeps the sweep record; a worker writes its
+run's folder (and ``error.json`` when the run raises), as a sequential sweep does.
+
+Runs are handed out in ``dispatch_order`` (also used by ``sweep --ray``): the most work first and
+runs that differ only in their seed next to each other. In grid order (seeds outer, algorithms
+inner) two algorithms on two workers alternate, so each worker got every run of *one*
+algorithm and the faster one's worker sat idle at the end (8 runs of 16.6 s: 12 s of one core).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from pflbench.util.threads import threads_per_job
+
+_LOADED_PLUGINS: set[str] = set()
+
+
+def estimated_work(config: Any) -> int:
+    """Local training steps a run does, up to the dataset's size: rounds × sampled clients × epochs."""
+    return config.rounds * config.sampled_per_round * max(1, config.local_epochs)
+
+
+def dispatch_order(todo: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    """``todo`` ((index, run) pairs) in the order to hand out to parallel workers: most estimated
+    work first (a long run started last would finish alone), then grouped by everything but the
+    seed (equal-length runs in a row spread evenly over the workers); the grid index breaks ties."""
+
+    def key(item: tuple[int, Any]) -> tuple[Any, ...]:
+        index, run = item
+        c = run.config
+        setting = json.dumps(run.overrides, sort_keys=True, default=str)
+        return (-estimated_work(c), c.dataset, c.algo, setting, c.alpha, c.seed, index)
+
+    return sorted(todo, key=key)
+
+
+def run_in_worker(run: Any, plugins: tuple[str, ...]) -> tuple[str, dict[str, Any] | None, str | None]:
+    """(status, summary, error) of one run, in a worker process."""
+    from pflbench.registry import load_plugin_file
+    from pflbench.sweeps.local import outcome_of, run_one
+
+    for path in plugins:  # plugin files register into this process's registries
+        if path not in _LOADED_PLUGINS:
+            load_plugin_file(path)
+            _LOADED_PLUGINS.add(path)
+    try:
+        return "done", run_one(run, plugins), None
+    except Exception as error:  # recorded like a sequential sweep's failure
+        status, message = outcome_of(run, error)
+        return status, None, message
+
+
+def with_job_threads(run: Any, jobs: int) -> Any:
+    """``run`` with its share of the threads (``--threads`` is not part of the run identity)."""
+    run.config = dataclasses.replace(run.config, threads=threads_per_job(run.config.threads, jobs))
+    return run
+
+
+def run_parallel(
+    todo: list[tuple[int, Any]],
+    jobs: int,
+    plugins: tuple[str, ...],
+    finished: Callable[[int, Any, dict[str, Any] | None], None],
+) -> None:
+    """Run ``todo`` ((index, run) pairs) on ``jobs`` processes; ``finished(index, run, summary)``
+    after each, in completion order. KeyboardInterrupt marks the runs in flight ``interrupted``,
+    cancels the rest (they stay ``pending``) and propagates."""
+    context = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context)
+    in_flight: dict[Future, tuple[int, Any]] = {}
+    try:
+        for index, run in dispatch_order(todo):
+            in_flight[pool.submit(run_in_worker, with_job_threads(run, jobs), plugins)] = (index, run)
+        while in_flight:
+            done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+            for future in done:
+                index, run = in_flight.pop(future)
+                try:
+                    run.status, summary, run.error = future.result()
+                except BrokenProcessPool as error:
+                    run.status, summary = "failed", None
+                    run.error = f"worker process died ({type(error).__name__}: {error})"
+                finished(index, run, summary)
+    except KeyboardInterrupt:
+        for future, (_, run) in in_flight.items():
+            if future.running():  # started: its folder lacks summary.json, the next sweep redoes it
+                run.status = "interrupted"
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
