@@ -5,7 +5,8 @@ The plugin-facing API is importable from here (one import for a plugin author)::
     from pflbench import Algorithm, ClientProgram, LocalPhase, option, register_algorithm
 
 Names that need torch are loaded on first access, so ``pflbench --help`` and ``pflbench list``
-stay fast.
+stay fast. This face holds only what a plugin uses; the library's entry point for running an
+experiment is ``pflbench.runs.api.run_experiment``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ _LAZY = {
     "mean_terms": "engine",
     "sample_weights": "engine",
     "weighted_average": "engine",
-    "run_experiment": "runs.api",
 }
 
 if TYPE_CHECKING:
@@ -56,7 +56,6 @@ if TYPE_CHECKING:
         sample_weights,
         weighted_average,
     )
-    from pflbench.runs.api import run_experiment
 
 
 def __getattr__(name: str) -> Any:
@@ -89,7 +88,6 @@ __all__ = [
     "register_dataset",
     "register_model",
     "register_partitioner",
-    "run_experiment",
     "sample_weights",
     "weighted_average",
 ]

@@ -334,7 +334,7 @@ def test_finetune_epochs_is_refused_without_a_global_model(tmp_path):
 
 
 def test_a_sweep_fine_tunes_only_the_algorithms_with_a_global_model():
-    from pflbench.sweeps.local import Grid, expand_grid
+    from pflbench.sweeps.grid import Grid, expand_grid
 
     runs = expand_grid(RunConfig(model="mlp", finetune_epochs=3), Grid(("fedavg", "fedper"), ("digits",), (0.5,), (0,)))
     assert {r.config.algo: r.config.finetune_epochs for r in runs} == {"fedavg": 3, "fedper": 0}

@@ -158,7 +158,7 @@ def test_claims_live_stale_and_other_hosts(tmp_path: Path) -> None:
 
 def test_sweep_skips_a_run_claimed_by_a_live_process(tmp_path: Path) -> None:
     args = ["sweep", "--algos", "fedavg", "--seeds", "0,1", "--datasets", *TINY[1:], "--out", str(tmp_path)]
-    from pflbench.sweeps.local import Grid, expand_grid
+    from pflbench.sweeps.grid import Grid, expand_grid
 
     runs = expand_grid(config(tmp_path), Grid(("fedavg",), ("digits",), (0.5,), (0, 1)))
     claimed = RunPaths(runs[1].run_dir)
@@ -201,7 +201,9 @@ def test_resume_publishes_a_run_killed_just_before_its_move(tmp_path: Path) -> N
 
 
 def test_two_identical_sweeps_at_once_train_each_run_once(tmp_path: Path) -> None:
-    from pflbench.sweeps.local import Grid, expand_grid, run_sweep, sweep_record_path
+    from pflbench.sweeps.grid import Grid, expand_grid
+    from pflbench.sweeps.local import run_sweep
+    from pflbench.sweeps.record import sweep_record_path
 
     base = config(tmp_path, rounds=2)
     grid = Grid(("fedavg",), ("digits",), (0.5,), (0, 1, 2))
@@ -231,7 +233,9 @@ def test_two_identical_sweeps_at_once_train_each_run_once(tmp_path: Path) -> Non
 
 
 def test_sigkilled_sweep_resumes_its_unfinished_run(tmp_path: Path) -> None:
-    from pflbench.sweeps.local import Grid, expand_grid, run_sweep, sweep_record_path
+    from pflbench.sweeps.grid import Grid, expand_grid
+    from pflbench.sweeps.local import run_sweep
+    from pflbench.sweeps.record import sweep_record_path
 
     base = config(tmp_path, rounds=4, checkpoint_every=2)
     grid = Grid(("fedavg",), ("digits",), (0.5,), (0,))

@@ -16,7 +16,7 @@ from PIL import Image
 import pflbench.datasets.local_files as local_files
 from pflbench.config.run_config import RunConfig
 from pflbench.data.dataset import TensorDataset, cache_dir, load_dataset
-from pflbench.data.partition import public_split
+from pflbench.data.partitioners import public_split
 from pflbench.errors import ConfigError
 from pflbench.models.pretrain import pretrain_backbone
 from pflbench.models.zoo import build_model, load_weights

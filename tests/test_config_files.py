@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from pflbench.cli import cli
 from pflbench.cli.run import run_command
 from pflbench.cli.sweep import sweep_command, sweep_plan
-from pflbench.sweeps.local import expand_grid
+from pflbench.sweeps.grid import expand_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = '''

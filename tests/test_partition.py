@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pflbench.data.partition import (
+from pflbench.data.partitioners import (
     dirichlet,
     dirichlet_client,
     iid,

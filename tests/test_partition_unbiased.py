@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pflbench.data.partition import DIRICHLET_CUTS, dirichlet, largest_remainder_counts
+from pflbench.data.partitioners import DIRICHLET_CUTS, dirichlet, largest_remainder_counts
 from pflbench.errors import ConfigError
 
 NUM_CLASSES, PER_CLASS, K, SEEDS = 10, 100, 10, 200

@@ -15,7 +15,8 @@ from pflbench.algorithms.fedavg import FedAvg
 from pflbench.cli import cli
 from pflbench.config.run_config import RunConfig, resolve
 from pflbench.data.dataset import load_dataset
-from pflbench.data.partition import make_partition, partition, split_train_test
+from pflbench.data.partition import make_partition
+from pflbench.data.partitioners import partition, split_train_test
 from pflbench.errors import ConfigError
 from pflbench.runs.prepare import prepare
 from pflbench.testing import Harness

@@ -14,7 +14,10 @@ from pflbench.config.run_config import RunConfig
 from pflbench.errors import ConfigError
 from pflbench.store.reader import RunFolderWarning, load_runs
 from pflbench.sweeps import local as sweep
-from pflbench.sweeps.local import Grid, expand_grid, parse_sets, parse_value, run_sweep, sweep_record_path
+from pflbench.sweeps import one as sweep_one
+from pflbench.sweeps.grid import Grid, expand_grid, parse_sets, parse_value
+from pflbench.sweeps.local import run_sweep
+from pflbench.sweeps.record import sweep_record_path
 
 BASE = RunConfig(model="mlp", num_clients=4, rounds=2, out="unused")
 TINY = ["--model", "mlp", "--num-clients", "4", "--rounds", "2", "--quiet"]
@@ -167,7 +170,7 @@ def test_sweep_bad_input_is_one_error_line(tmp_path: Path, args: list[str], mess
 def test_interrupted_sweep_resumes_with_only_the_missing_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     base = RunConfig(model="mlp", num_clients=3, rounds=2, out=str(tmp_path))
     the_grid = Grid(("fedavg",), ("digits",), (0.5,), (0, 1))
-    real_execute = sweep.execute
+    real_execute = sweep_one.execute
 
     def ctrl_c_in_seed_1(prepared, on_round=None, plugins=(), **flags):
         def stop(record: dict) -> None:
@@ -175,7 +178,7 @@ def test_interrupted_sweep_resumes_with_only_the_missing_runs(tmp_path: Path, mo
 
         return real_execute(prepared, stop if prepared.config.seed == 1 else on_round, plugins, **flags)
 
-    monkeypatch.setattr(sweep, "execute", ctrl_c_in_seed_1)
+    monkeypatch.setattr(sweep_one, "execute", ctrl_c_in_seed_1)
     runs = expand_grid(base, the_grid)
     record = sweep_record_path(base.out, the_grid, base)
     with pytest.raises(KeyboardInterrupt):
@@ -187,7 +190,7 @@ def test_interrupted_sweep_resumes_with_only_the_missing_runs(tmp_path: Path, mo
     with pytest.warns(RunFolderWarning, match="unfinished run"):
         assert load_runs(tmp_path)["run"].nunique() == 1
 
-    monkeypatch.setattr(sweep, "execute", real_execute)
+    monkeypatch.setattr(sweep_one, "execute", real_execute)
     runs = expand_grid(base, the_grid)
     run_sweep(runs, record, the_grid, base)
     assert [r.status for r in runs] == ["skipped", "done"]

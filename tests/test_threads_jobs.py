@@ -13,7 +13,8 @@ from pflbench.config.run_config import RunConfig, resolve, run_identity
 from pflbench.registry import ALGORITHMS, load_plugin_file
 from pflbench.runs.prepare import prepare
 from pflbench.runs.start import config_record
-from pflbench.sweeps.local import Grid, expand_grid, run_sweep
+from pflbench.sweeps.grid import Grid, expand_grid
+from pflbench.sweeps.local import run_sweep
 from pflbench.util.threads import threads_per_job, usable_cores
 
 TIMING = {"round_time_s", "eval_time_s", "peak_mem_mb", "wall_time_s", "run_dir"}

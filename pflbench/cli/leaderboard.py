@@ -130,7 +130,7 @@ def leaderboard_command(
     from pflbench.report.render import FORMATS
     from pflbench.store.layout import check_writable, writing
     from pflbench.store.reader import load_runs
-    from pflbench.sweeps.local import split_values
+    from pflbench.sweeps.grid import split_values
 
     if fmt == "all" and output is None:
         raise ConfigError("--format all writes one file per format; give --output FOLDER")

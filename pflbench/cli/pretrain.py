@@ -33,7 +33,7 @@ def pretrain_command(**values: Any) -> None:
     """
     from pflbench.config.run_config import validate, with_base_defaults
     from pflbench.data.dataset import load_dataset
-    from pflbench.data.partition import public_split
+    from pflbench.data.partitioners import public_split
     from pflbench.models.pretrain import pretrain_backbone
     from pflbench.runs.prepare import resolve_device
 

@@ -202,8 +202,8 @@ def partition_command(plot: str | None, save: str | None, export: str | None, **
 
     from pflbench.config.run_config import validate, with_base_defaults
     from pflbench.data.dataset import load_dataset
-    from pflbench.data.partition import make_partition
-    from pflbench.data.presets import export_partition, fit_num_clients, partition_document
+    from pflbench.data.partition import fit_num_clients, make_partition
+    from pflbench.data.presets import export_partition, partition_document
     from pflbench.store.layout import check_writable, writing
     from pflbench.store.writer import write_json
 

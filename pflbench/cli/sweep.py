@@ -23,7 +23,7 @@ def _sweep_axes(sets: tuple[str, ...], values: dict[str, Any], run_fields: set[s
     places the command line wins."""
     from click.core import ParameterSource
 
-    from pflbench.sweeps.local import parse_sets
+    from pflbench.sweeps.grid import parse_sets
 
     axes: dict[str, tuple[Any, ...]] = dict(parse_sets(sets))
     context = click.get_current_context()
@@ -50,7 +50,7 @@ def sweep_plan(
 ) -> tuple[RunConfig, Any]:
     """(shared RunConfig, Grid) from the sweep command's values (inside its click context);
     the sweep's own controls (--jobs, --ray, ...) are not grid settings."""
-    from pflbench.sweeps.local import Grid, split_values
+    from pflbench.sweeps.grid import Grid, split_values
 
     values = {k: v for k, v in values.items() if k not in SWEEP_CONTROLS}
 
@@ -87,7 +87,9 @@ def _sweep_callback(
     from pflbench.config.run_config import hyperparameters_from
     from pflbench.registry import ALGORITHMS
     from pflbench.store.layout import check_writable
-    from pflbench.sweeps.local import check_grid, count_statuses, expand_grid, run_sweep, sweep_record_path
+    from pflbench.sweeps.grid import check_grid, expand_grid
+    from pflbench.sweeps.local import run_sweep
+    from pflbench.sweeps.record import count_statuses, sweep_record_path
 
     base, grid = sweep_plan(algos, datasets, alphas, seeds, sets, **values)
     on_ray = ray or (base.ray_address is not None and base.executor != "ray")

@@ -8,13 +8,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pflbench.config.run_config import _key_values
+from pflbench.data.partitioners import public_split, split_train_test
+from pflbench.data.presets import FORMAT, VERSION, PresetPartition
 from pflbench.errors import ConfigError
+from pflbench.util.seeding import rng_stream
 
 if TYPE_CHECKING:
     from pflbench.config.groups import PartitionSpec
     from pflbench.config.run_config import RunConfig
     from pflbench.data.dataset import TensorDataset
-    from pflbench.data.presets import PresetPartition
 
 FLWR_PREFIX = "flwr:"
 FLWR_INSTALL_HINT = "flwr-datasets is not installed; install the extra: pip install 'pflbench[flwr]'"
@@ -63,8 +66,6 @@ def flwr_partition_document(
     Without a test partitioner each client's train partition is split into train/test with
     pflbench's label-stratified split (``test_frac``, ``seed``).
     """
-    from pflbench.data.partition import split_train_test
-    from pflbench.data.presets import FORMAT, VERSION
 
     clients = flwr_partition_indices(train_partitioner, train_dataset)
     if test_partitioner is not None:
@@ -91,7 +92,6 @@ def flwr_partition_document(
 
 def parse_flwr_spec(spec: str) -> tuple[str, dict[str, Any]]:
     """``flwr:Name[:key=value,...]`` → (partitioner class name, keyword arguments)."""
-    from pflbench.config.run_config import _key_values
 
     name, _, options = spec[len(FLWR_PREFIX) :].partition(":")
     if not name.isidentifier():
@@ -114,9 +114,6 @@ def flwr_preset(config: PartitionSpec | RunConfig, dataset: TensorDataset) -> Pr
     import inspect
 
     import datasets
-    from pflbench.data.partition import public_split, split_train_test
-    from pflbench.data.presets import PresetPartition
-    from pflbench.util.seeding import rng_stream
 
     name, options = parse_flwr_spec(config.partition_file or "")
     require_flwr()

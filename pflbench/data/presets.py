@@ -30,14 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pflbench.data.flwr import (
-    FLWR_PREFIX,
-    flwr_preset,
-)
 from pflbench.errors import ConfigError
 
 if TYPE_CHECKING:
-    from pflbench.config.groups import PartitionSpec
     from pflbench.config.run_config import RunConfig
     from pflbench.data.dataset import TensorDataset
 
@@ -214,52 +209,3 @@ def validate_partition(preset: PresetPartition, dataset_size: int, dataset_name:
             f"{where}: sample {twice} is assigned {counts[twice]} times "
             "(each sample may appear once, in one client's train or test split or public)"
         )
-
-
-def preset_partition(config: PartitionSpec | RunConfig, dataset: TensorDataset) -> PresetPartition | None:
-    """The exact partition a run must use, if any: ``--partition-file``, else the dataset's own
-    per-client train/test split under ``--partition natural`` (PFLlib folders). Validated."""
-    if config.partition_file is not None and config.partition_file.startswith(FLWR_PREFIX):
-        preset = flwr_preset(config, dataset)
-        name = None
-    elif config.partition_file is not None:
-        preset = read_partition_file(config.partition_file)
-        name = config.dataset
-    elif config.partition == "natural" and "client_splits" in dataset.info:
-        splits = dataset.info["client_splits"]
-        preset = PresetPartition(
-            [np.asarray(s, dtype=np.int64) for s in splits["train"]],
-            [np.asarray(s, dtype=np.int64) for s in splits["test"]],
-            np.zeros(0, dtype=np.int64),
-            f"{config.dataset}'s own client split",
-        )
-        name = None
-    else:
-        return None
-    validate_partition(preset, len(dataset.labels), name)
-    if (config.public_frac or 0) > 0 and len(preset.public) == 0:
-        raise ConfigError(
-            f"partition {preset.source!r} holds no public samples, but --public-frac "
-            f"is {config.public_frac:g}; pass --public-frac 0 (and --weights FILE or "
-            "--backbone random for a LoRA run)"
-        )
-    return preset
-
-
-def fit_num_clients(config: RunConfig, dataset: TensorDataset, explicit: set[str] | None = None) -> RunConfig:
-    """``config`` with ``num_clients`` taken from the preset partition, if there is one.
-
-    A ``--num-clients`` the user set explicitly (``explicit``) must agree with the partition.
-    """
-    if (config.partition_file or "").startswith(FLWR_PREFIX):
-        return config  # Flower's partitioner is built for --num-clients partitions
-    preset = preset_partition(config, dataset)
-    if preset is None or preset.num_clients == config.num_clients:
-        return config
-    if explicit is not None and "num_clients" in explicit:
-        raise ConfigError(
-            f"--num-clients {config.num_clients} contradicts partition "
-            f"{preset.source!r}, which has {preset.num_clients} clients; drop "
-            "--num-clients (the partition sets it)"
-        )
-    return dataclasses.replace(config, num_clients=preset.num_clients)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -20,11 +20,26 @@ from torch import nn
 from torch.func import functional_call
 
 from pflbench.engine.optim import SGD, Adam, LocalOptimizer
-from pflbench.engine.types import ClientJob, OptimizerSpec, Tensors
+from pflbench.engine.types import ClientJob, Forward, LocalPhase, OptimizerSpec, ParamLayout, Tensors
 
 if TYPE_CHECKING:
     from pflbench.data.dataset import FederatedData
-    from pflbench.engine.algorithm import ClientProgram
+
+
+class BatchLoopProgram(Protocol):
+    """What the batch loop asks of a client program (``ClientProgram`` is the one implementation;
+    a protocol here keeps ``local`` below ``algorithm``, so the two do not import each other)."""
+
+    layout: ParamLayout
+    loss_weights: dict[str, float]
+
+    def optimizer(self) -> OptimizerSpec: ...
+
+    def local_phases(self, client_id: int) -> list[LocalPhase]: ...
+
+    def loss_terms(
+        self, forward: Forward, params: Tensors, inputs: torch.Tensor, targets: torch.Tensor, received: Tensors
+    ) -> dict[str, torch.Tensor]: ...
 
 
 def build_optimizer(spec: OptimizerSpec, params: dict[str, nn.Parameter]) -> LocalOptimizer:
@@ -127,7 +142,7 @@ def apply_gradients(
         param.grad = None
 
 
-def standard_local_update(program: ClientProgram, trainer: LocalTrainer) -> LocalResult:
+def standard_local_update(program: BatchLoopProgram, trainer: LocalTrainer) -> LocalResult:
     """The batch loop: for each phase, a fresh optimizer over the phase's parameters, then
     ``epochs`` passes minimising Σ weight·term (optionally clipped). Logs each term's mean."""
     job, spec = trainer.job, program.optimizer()

@@ -29,7 +29,7 @@ from torch import nn
 
 from pflbench.config.run_config import RunConfig
 from pflbench.data.dataset import FederatedData, TensorDataset, cache_dir
-from pflbench.data.partition import split_train_test
+from pflbench.data.partitioners import split_train_test
 from pflbench.errors import ConfigError
 from pflbench.models.zoo import build_model, head_parameter_names, load_weights
 from pflbench.util import cache

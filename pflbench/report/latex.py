@@ -16,7 +16,7 @@ import json
 import pandas as pd
 
 from pflbench.report.names import quantity
-from pflbench.report.render import Style, body_rows, columns_of, metric_title, multi_quantity, notes, rank_text, spans
+from pflbench.report.table import Style, body_rows, columns_of, metric_title, multi_quantity, notes, rank_text, spans
 
 FITS = ("resize", "transpose", "none")
 LATEX_SPECIAL = {

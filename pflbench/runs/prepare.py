@@ -13,8 +13,7 @@ import torch
 from pflbench.config.defaults import model_family
 from pflbench.config.run_config import RunConfig, hyperparameters_from, resolve, run_name, validate
 from pflbench.data.dataset import FederatedData, TensorDataset, load_dataset
-from pflbench.data.partition import make_partition
-from pflbench.data.presets import fit_num_clients
+from pflbench.data.partition import fit_num_clients, make_partition
 from pflbench.engine import EXECUTORS, Algorithm
 from pflbench.engine.executor import make_executor
 from pflbench.errors import ConfigError

@@ -160,7 +160,7 @@ def run_sweep_on_ray(
 ) -> None:
     """``sweep.run_sweep`` with every unfinished run as a Ray task (see the module docstring);
     ``disconnect``: leave Ray at the end (the CLI; a library caller may keep its instance)."""
-    from pflbench.sweeps.local import _write_record
+    from pflbench.sweeps.record import _write_record
     from pflbench.util.ray_cluster import connect
 
     check_resources(base, cpus_per_run, gpus_per_run)

@@ -1,0 +1,264 @@
+"""A sweep's grid: algorithms × datasets × α × seeds × ``--set`` axes, expanded into runs and checked before any run starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pflbench.config.run_config import (
+    RunConfig,
+    field_types,
+    hyperparameters_from,
+    resolve,
+    run_identity,
+    run_name,
+    validate,
+)
+from pflbench.errors import ConfigError
+from pflbench.registry import ALGORITHMS, DATASETS
+from pflbench.runs.prepare import resolve_device
+
+GRID_FIELDS = ("algo", "dataset", "alpha", "seed")
+
+
+NOT_AXES = (*GRID_FIELDS, "out")
+
+
+@dataclass
+class Grid:
+    """The swept values; ``axes`` maps a ``--set`` name (run option or hyperparameter) to its values."""
+
+    algos: tuple[str, ...]
+    datasets: tuple[str, ...]
+    alphas: tuple[float, ...]
+    seeds: tuple[int, ...]
+    axes: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "algos": list(self.algos),
+            "datasets": list(self.datasets),
+            "alphas": list(self.alphas),
+            "seeds": list(self.seeds),
+            "set": {k: list(v) for k, v in self.axes.items()},
+        }
+
+
+@dataclass
+class SweepRun:
+    """One cell of the grid: its config, algorithm options, the --set values it got, its folder name."""
+
+    config: RunConfig
+    algo_options: dict[str, Any]
+    overrides: dict[str, Any]
+    name: str
+    status: str = "pending"
+    error: str | None = None
+    worker: str | None = None  # where a Ray sweep ran it: "hostname (node 1a2b3c4d)"
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.out) / "runs" / self.name
+
+    def describe(self) -> str:
+        extra = "".join(f" {k}={v}" for k, v in self.overrides.items())
+        c = self.config
+        return f"{c.algo} {c.dataset} α={c.alpha:g} seed={c.seed}{extra}"
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "name": self.name,
+            "algo": c.algo,
+            "dataset": c.dataset,
+            "alpha": c.alpha,
+            "seed": c.seed,
+            "set": self.overrides,
+            "status": self.status,
+            "error": self.error,
+            **({"worker": self.worker} if self.worker else {}),
+        }
+
+
+def split_values(text: str, convert: Callable[[str], Any], flag: str) -> tuple[Any, ...]:
+    """``"a,b,a"`` → ``(convert("a"), convert("b"))``: comma-separated, stripped, de-duplicated."""
+    values: list[Any] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        try:
+            value = convert(item)
+        except ValueError as error:
+            raise ConfigError(f"{flag}: {item!r} is not a valid {convert.__name__}") from error
+        if value not in values:
+            values.append(value)
+    if not values:
+        raise ConfigError(f"{flag} needs at least one value")
+    return tuple(values)
+
+
+def parse_sets(items: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """``("mu=0.01,0.1", "lr=0.05")`` → ``{"mu": ("0.01", "0.1"), "lr": ("0.05",)}``."""
+    axes: dict[str, tuple[str, ...]] = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        name = name.strip().lstrip("-").replace("-", "_")
+        if not sep or not name:
+            raise ConfigError(f"--set {item!r} is not NAME=VALUE[,VALUE...]")
+        if name in axes:
+            raise ConfigError(f"--set {name} is given twice")
+        if name in NOT_AXES:
+            hint = f"use --{name}s" if name in GRID_FIELDS else "it is shared by the whole sweep"
+            raise ConfigError(f"--set {name}: {name} cannot be a --set axis ({hint})")
+        axes[name] = split_values(values, str, f"--set {name}")
+    return axes
+
+
+def parse_value(value: Any, annotation: Any, name: str) -> Any:
+    """A --set string converted to a dataclass field's type (``X | None``, bool, tuple[str, ...])."""
+    if not isinstance(value, str):
+        return value
+    args = typing.get_args(annotation)
+    if type(None) in args:
+        if value.lower() in ("none", "null"):
+            return None
+        annotation = next(a for a in args if a is not type(None))
+    if typing.get_origin(annotation) is tuple:
+        return (value,)
+    if annotation is bool:
+        if value.lower() not in TRUE_WORDS + FALSE_WORDS:
+            raise ConfigError(f"--set {name}: {value!r} is not a boolean (true/false)")
+        return value.lower() in TRUE_WORDS
+    try:
+        return annotation(value)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"--set {name}: {value!r} is not a valid {annotation.__name__}") from error
+
+
+def _typed_axes(axes: dict[str, tuple[Any, ...]], cls: type, names: Iterable[str]) -> dict[str, tuple[Any, ...]]:
+    hints = field_types(cls)
+    choices = {f.name: f.metadata.get("choices") for f in dataclasses.fields(cls)}
+    typed = {}
+    for name in names:
+        typed[name] = tuple(parse_value(v, hints[name], name) for v in axes[name])
+        allowed = choices[name]
+        bad = [v for v in typed[name] if allowed and v not in allowed]
+        if bad:
+            raise ConfigError(f"--set {name}: {bad[0]!r} is not one of: {', '.join(allowed)}")
+    return typed
+
+
+def _check_axis_names(axes: dict[str, Any], algos: tuple[str, ...], run_fields: set[str]) -> None:
+    """Every axis must be a run option or a hyperparameter of at least one algorithm of the grid."""
+    hyperparameters = {a: {f.name for f in dataclasses.fields(ALGORITHMS.get(a).hyperparameters)} for a in algos}
+    for name in axes:
+        if name not in run_fields and not any(name in names for names in hyperparameters.values()):
+            owned = sorted({f"{n} ({a})" for a, names in hyperparameters.items() for n in names})
+            raise ConfigError(
+                f"{name!r} is neither a run option nor a hyperparameter of "
+                f"{', '.join(algos)}; hyperparameters: {', '.join(owned) or 'none'}"
+            )
+
+
+def _product(axes: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
+    return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+
+
+def expand_grid(base: RunConfig, grid: Grid) -> list[SweepRun]:
+    """Every combination, validated and resolved: dataset × α × seed × run axes, then each algorithm
+    × its own hyperparameter axes (a hyperparameter only multiplies the algorithms that have it).
+
+    Each cell is resolved like a single run (``config.resolve`` with its own hyperparameters).
+    When any cell is a LoRA run, ``lora.RUN_DEFAULTS`` also fill the unset options of *every*
+    other cell, so all runs share the model and the public hold-out (the same client data).
+    ``--finetune-epochs`` applies to the algorithms with a global model (the others run without it).
+    """
+    from pflbench.models.lora import RUN_DEFAULTS
+
+    for name in grid.datasets:
+        DATASETS.get(name)
+    run_fields = {f.name for f in dataclasses.fields(RunConfig)}
+    _check_axis_names(grid.axes, grid.algos, run_fields)
+    run_axes = _typed_axes(grid.axes, RunConfig, [n for n in grid.axes if n in run_fields])
+    hyperparameter_classes = {algo: ALGORITHMS.get(algo).hyperparameters for algo in grid.algos}
+    algo_axes = {
+        algo: _product(_typed_axes(grid.axes, cls, [f.name for f in dataclasses.fields(cls) if f.name in grid.axes]))
+        for algo, cls in hyperparameter_classes.items()
+    }
+    cells = []
+    for dataset, alpha, seed, run_values in itertools.product(
+        grid.datasets, grid.alphas, grid.seeds, _product(run_axes)
+    ):
+        for algo in grid.algos:
+            for algo_values in algo_axes[algo]:
+                config = dataclasses.replace(base, algo=algo, dataset=dataset, alpha=alpha, seed=seed, **run_values)
+                if not ALGORITHMS.get(algo).has_global_model:  # --finetune-epochs: global models only
+                    config = dataclasses.replace(config, finetune_epochs=0)
+                hparams = hyperparameters_from(hyperparameter_classes[algo], algo_values, algo)
+                cells.append((config, hparams, run_values, algo_values))
+    any_lora = any(ALGORITHMS.get(c.algo).lora_rank(c, h) is not None for c, h, _, _ in cells)
+    runs: dict[str, SweepRun] = {}
+    for config, hparams, run_values, algo_values in cells:
+        algorithm = ALGORITHMS.get(config.algo)
+        config, _ = resolve(config, algorithm, hparams, RUN_DEFAULTS if any_lora else None)
+        validate(config)
+        algorithm.check_config(config, hparams)
+        resolve_device(config.device)
+        name = run_name(config, algorithm, hparams)
+        runs.setdefault(name, SweepRun(config, algo_values, {**run_values, **algo_values}, name))
+    return list(runs.values())
+
+
+def check_grid(runs: list[SweepRun]) -> None:
+    """Build each distinct dataset, partition and (configured) model of the grid once, without
+    training, so a bad dataset/model option or an impossible partition refuses the whole grid
+    before any folder is created."""
+    from pflbench.data.dataset import load_dataset
+    from pflbench.data.partition import fit_num_clients, make_partition
+    from pflbench.runs.prepare import check_model
+
+    datasets: dict[str, Any] = {}
+    seen: set[str] = set()
+    for run in runs:
+        config = run.config
+        data_key = json.dumps([config.dataset, config.dataset_options()], sort_keys=True, default=str)
+        if data_key not in datasets:
+            datasets[data_key] = load_dataset(config.dataset, config.dataset_options())
+        dataset = datasets[data_key]
+        explicit = {"num_clients"} if config.num_clients != RunConfig.num_clients else set()
+        config = fit_num_clients(config, dataset, explicit)
+        algorithm = ALGORITHMS.get(config.algo)
+        hparams = hyperparameters_from(algorithm.hyperparameters, dict(run.algo_options), config.algo)
+        identity = run_identity(config, algorithm, hparams)
+        partition_key = json.dumps(
+            [data_key, config.partition_spec.identity(), config.seed, config.partition_file],
+            sort_keys=True,
+            default=str,
+        )
+        if partition_key not in seen:
+            seen.add(partition_key)
+            make_partition(config, dataset)
+        model_key = json.dumps(
+            [
+                data_key,
+                {
+                    k: v
+                    for k, v in identity.items()
+                    if k in ("algo", "model", "model_options", "head_layers", "algo_hparams") or k.startswith("lora")
+                },
+            ],
+            sort_keys=True,
+            default=str,
+        )
+        if model_key not in seen:
+            seen.add(model_key)
+            check_model(config, algorithm, hparams, dataset)
+
+
+TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
