@@ -61,7 +61,7 @@ def main() -> None:
             algorithm, executor = prepared.algorithm, prepared.executor
             for k in range(clients):  # a head of its own per client
                 algorithm.store.put(k, {n: t.clone() for n, t in algorithm.store.initial.items()})
-            federation = Federation(algorithm, executor, prepared.data.num_test)
+            federation = Federation(algorithm, executor, prepared.data.num_test, prepared.config.federation_spec)
             now = median_time(federation.evaluate, args.repeats)
             row = {"algo": algo, "clients": clients, "eval_s": now}
             if not algorithm.clients_share_one_model():

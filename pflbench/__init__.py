@@ -35,9 +35,12 @@ _LAZY = {
     "mean_terms": "engine",
     "sample_weights": "engine",
     "weighted_average": "engine",
+    "standard_local_update": "engine",
+    "TensorDataset": "data.dataset",
 }
 
 if TYPE_CHECKING:
+    from pflbench.data.dataset import TensorDataset
     from pflbench.engine import (
         Algorithm,
         ClientJob,
@@ -54,6 +57,7 @@ if TYPE_CHECKING:
         Tensors,
         mean_terms,
         sample_weights,
+        standard_local_update,
         weighted_average,
     )
 
@@ -81,6 +85,7 @@ __all__ = [
     "ParamGroup",
     "ParamLayout",
     "RunConfig",
+    "TensorDataset",
     "Tensors",
     "mean_terms",
     "option",
@@ -89,6 +94,7 @@ __all__ = [
     "register_model",
     "register_partitioner",
     "sample_weights",
+    "standard_local_update",
     "weighted_average",
 ]
 assert set(__all__) >= set(_LAZY)

@@ -36,7 +36,9 @@ class Harness:
         self.prepared = prepared
         self.algorithm = prepared.algorithm
         self.executor = prepared.executor
-        self.federation = Federation(self.algorithm, self.executor, prepared.data.num_test)
+        self.federation = Federation(
+            self.algorithm, self.executor, prepared.data.num_test, prepared.config.federation_spec
+        )
         self.observers = self.federation.observers
 
     # what tests read

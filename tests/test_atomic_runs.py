@@ -258,3 +258,39 @@ def test_sigkilled_sweep_resumes_its_unfinished_run(tmp_path: Path) -> None:
     summary = json.loads((runs[0].run_dir / "summary.json").read_text())
     assert summary["checkpoints_written"] == 0  # resumed after the checkpoint of round 2
     assert len((runs[0].run_dir / "rounds.jsonl").read_text().splitlines()) == 4
+
+
+def test_a_ray_driver_killed_while_writing_a_result_leaves_no_run_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sweep --ray``'s driver publishes a task's result as a local run does: into ``.tmp-NAME``,
+    then one move. Killed while writing the files, it leaves no ``OUT/runs/NAME`` (only an
+    unfinished work folder, which the next attempt starts afresh)."""
+    from types import SimpleNamespace
+
+    from pflbench.sweeps import on_ray
+
+    run = SimpleNamespace(run_dir=tmp_path / "runs" / "r1", worker=None, status="pending", error=None)
+    files = {
+        "config.json": b"{}\n",
+        "partition.json": b"{}\n",
+        "rounds.jsonl": b'{"round": 1}\n',
+        "clients.csv": b"client\n0\n",
+        "summary.json": b'{"status": "completed"}\n',
+    }
+    result = {"status": "done", "summary": {"status": "completed"}, "files": files, "worker": "node"}
+    write_bytes = Path.write_bytes
+
+    def killed_at_the_summary(self: Path, data: bytes) -> int:
+        if self.name.startswith("summary.json"):
+            raise KeyboardInterrupt  # as a Ctrl-C or SIGKILL mid-write would stop the driver
+        return write_bytes(self, data)
+
+    monkeypatch.setattr(Path, "write_bytes", killed_at_the_summary)
+    with pytest.raises(KeyboardInterrupt):
+        on_ray.accept(run, result)
+    monkeypatch.undo()
+    assert not run.run_dir.exists()  # never a half-written run folder
+    assert on_ray.accept(run, result) == {"status": "completed"}
+    assert {p.name: p.read_bytes() for p in run.run_dir.iterdir()} == files
+    assert [p.name for p in run.run_dir.parent.iterdir()] == ["r1"]  # no work folder left

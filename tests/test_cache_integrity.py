@@ -22,6 +22,7 @@ from pflbench.models.pretrain import pretrain_backbone
 from pflbench.models.zoo import build_model, load_weights
 from pflbench.registry import DATASETS, register_dataset
 from pflbench.util import cache
+from pflbench.util.atomic import atomic_write
 
 REPO = Path(__file__).resolve().parents[1]
 CONVERSIONS: list[int] = []  # one entry per call of the probe loader
@@ -180,7 +181,7 @@ def test_a_killed_writer_leaves_the_previous_entry_whole(fresh_cache: Path) -> N
         raise KeyboardInterrupt  # as a SIGINT/SIGKILL mid-write would leave it
 
     with pytest.raises(KeyboardInterrupt):
-        cache.atomic_write(path, dies_half_way)
+        atomic_write(path, dies_half_way)
     assert path.read_bytes() == before
     assert sorted(p.name for p in fresh_cache.iterdir()) == [path.name]
     # a temporary file left by a writer killed outright is never taken for the entry, and is

@@ -18,10 +18,9 @@ import pytest
 from pflbench.config.defaults import (
     BASE_DEFAULTS,
     DEFAULTS_BY_FAMILY,
-    DEFAULTS_BY_FAMILY_AND_ALGORITHM,
-    LORA_RUN_DEFAULTS,
     model_family,
 )
+from pflbench.config.lora import RUN_DEFAULTS
 from pflbench.config.run_config import RunConfig, resolve
 from pflbench.registry import ALGORITHMS
 
@@ -58,7 +57,7 @@ def test_small_zoo_models_get_the_family_lr(model: str | None) -> None:
 
 def test_algorithm_refinements_of_the_family() -> None:
     config, applied = resolved(RunConfig(), algo="scaffold")
-    assert config.lr == applied["lr"] == DEFAULTS_BY_FAMILY_AND_ALGORITHM[("small", "scaffold")]["lr"]
+    assert config.lr == applied["lr"] == ALGORITHMS.get("scaffold").defaults_by_family["small"]["lr"] == 0.02
     config, _ = resolved(RunConfig(model="resnet18"), algo="scaffold")  # no family: base defaults
     assert config.lr == BASE_DEFAULTS["lr"]
     config, _ = resolved(RunConfig(lr=0.2), algo="scaffold")
@@ -70,12 +69,12 @@ def test_other_models_lora_runs_and_given_values_keep_theirs() -> None:
     assert model_family("resnet18") is None and config.lr == BASE_DEFAULTS["lr"] == 0.01
     config, applied = resolved(RunConfig(lr=0.03))  # given: kept
     assert config.lr == 0.03 and "lr" not in applied
-    config, _ = resolved(RunConfig(lora_rank=4))  # LoRA: lora.RUN_DEFAULTS
-    assert (config.model, config.lr, config.optimizer) == (LORA_RUN_DEFAULTS["model"], 1e-3, "adam")
+    config, _ = resolved(RunConfig(lora_rank=4))  # LoRA: config.lora.RUN_DEFAULTS
+    assert (config.model, config.lr, config.optimizer) == (RUN_DEFAULTS["model"], 1e-3, "adam")
     config, _ = resolved(RunConfig(model="mlp", lora_rank=4))  # LoRA on a small model too
     assert config.lr == 1e-3
-    config, _ = resolved(RunConfig(), shared=LORA_RUN_DEFAULTS)  # a LoRA sweep's shared defaults
-    assert config.lr == 1e-3 and config.model == LORA_RUN_DEFAULTS["model"]
+    config, _ = resolved(RunConfig(), shared=RUN_DEFAULTS)  # a LoRA sweep's shared defaults
+    assert config.lr == 1e-3 and config.model == RUN_DEFAULTS["model"]
     config, _ = resolved(RunConfig(), algo="fedsdg")  # the algorithm's own first
     assert config.max_grad_norm == 1.0 and config.lr == 1e-3
 
@@ -84,7 +83,7 @@ def test_every_builtin_algorithm_resolves_a_learning_default() -> None:
     for name in BUILTIN:
         algorithm = ALGORITHMS.get(name)
         config, _ = resolve(RunConfig(algo=name), algorithm, algorithm.hyperparameters())
-        own = DEFAULTS_BY_FAMILY_AND_ALGORITHM.get(("small", name), {}).get("lr", SMALL_LR)
+        own = algorithm.defaults_by_family.get("small", {}).get("lr", SMALL_LR)
         expected = 1e-3 if algorithm.lora_rank(config, algorithm.hyperparameters()) else own
         assert config.lr == expected, name
 

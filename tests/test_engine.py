@@ -204,7 +204,8 @@ def test_inert_settings_do_not_change_the_run_identity() -> None:
     """Defect: every field was hashed, so inert options split run folders and leaderboard rows."""
     from pflbench.algorithms.fedavg import FedAvg
     from pflbench.algorithms.fedper import FedPer
-    from pflbench.config.run_config import resolve, run_name
+    from pflbench.config.identity import run_name
+    from pflbench.config.run_config import resolve
 
     def name(algorithm=FedAvg, **settings):
         config, _ = resolve(RunConfig(**settings), algorithm, algorithm.hyperparameters())

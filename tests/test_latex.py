@@ -55,8 +55,7 @@ def test_display_names_come_from_the_class_the_builtin_map_or_the_name(monkeypat
     class Declared:
         display_name = "pFedX"
 
-    real_get = registry.ALGORITHMS.get
-    monkeypatch.setattr(registry.ALGORITHMS, "get", lambda name: Declared if name == "pfedx" else real_get(name))
+    monkeypatch.setitem(registry.ALGORITHMS._items, "pfedx", Declared)  # registered at run time
     assert display_name("pfedx") == "pFedX"
     assert display_name("fedrep") == "FedRep" and display_name("flexlora") == "FlexLoRA"
     assert display_name("my_algo") == "my_algo"  # not registered: the raw name

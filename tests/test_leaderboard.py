@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from pflbench.cli import cli
 from pflbench.config.run_config import RunConfig, with_base_defaults
+from pflbench.data.partition import DEFAULT_NUM_CLIENTS
 from pflbench.errors import ConfigError
 from pflbench.report.latex import to_latex
 from pflbench.report.leaderboard import cells, curve_bands, pivot
@@ -51,6 +52,8 @@ def write_run(
     resolved = with_base_defaults(
         RunConfig(algo=algo, dataset=dataset, alpha=alpha, seed=seed, rounds=rounds, out=str(out), **settings)
     )
+    if resolved.num_clients is None:  # a run's config.json holds K as fitted (data.partition.fit_num_clients)
+        resolved = dataclasses.replace(resolved, num_clients=DEFAULT_NUM_CLIENTS)
     config = {**dataclasses.asdict(resolved), "algo_hparams": {"mu": 0.01} if algo == "fedprox" else {}}
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:8]
     folder = out / "runs" / f"{algo}__{dataset}__a{alpha:g}__s{seed}__{digest}"

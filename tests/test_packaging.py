@@ -40,7 +40,8 @@ def test_plugin_folders_are_the_package_modules() -> None:
 
     assert Path(fedavg.__file__).resolve() == REPO / "pflbench" / "algorithms" / "fedavg.py"
     assert Path(builtin.__file__).resolve() == REPO / "pflbench" / "datasets" / "builtin.py"
-    assert not (REPO / "algorithms" / "__init__.py").exists()  # the top-level folders hold docs only
+    # the top-level folders hold example plugins loaded with --plugin, never a package (no __init__.py)
+    assert not (REPO / "algorithms" / "__init__.py").exists() and not (REPO / "datasets" / "__init__.py").exists()
     assert Path(pflbench.__file__).resolve().parent == REPO / "pflbench"
 
 

@@ -103,6 +103,26 @@ def test_the_partition_sets_num_clients_unless_contradicted(tmp_path: Path) -> N
     assert "has 5 clients" in output and len(output.strip().splitlines()) == 1
 
 
+def test_num_clients_equal_to_the_old_default_still_contradicts_a_partition_file(tmp_path: Path) -> None:
+    """One rule everywhere: a --num-clients that is given must agree with the file, even when it
+    is 20 (the value that used to be the default and was silently replaced by the file's K)."""
+    file, _ = _export(tmp_path)  # 5 clients
+    out = ["--out", str(tmp_path / "out")]
+    for command in (
+        ["run", *TINY_RUN, *out],
+        ["sweep", "--algos", "fedavg", "--datasets", "digits", "--model", "mlp", "--rounds", "1", *out],
+        ["partition", "--dataset", "digits"],
+    ):
+        code, output = invoke(*command, "--num-clients", "20", "--partition-file", str(file))
+        assert code == 2 and "--num-clients 20 contradicts partition" in output, (command, output)
+        assert not (tmp_path / "out").exists()
+    with pytest.raises(ConfigError, match="--num-clients 20 contradicts"):
+        prepare(RunConfig(dataset="digits", model="mlp", num_clients=20, partition_file=str(file), out=str(tmp_path)))
+    unset = prepare(RunConfig(dataset="digits", model="mlp", partition_file=str(file), out=str(tmp_path)))
+    assert unset.config.num_clients == 5
+    assert prepare(RunConfig(dataset="digits", model="mlp", rounds=1, out=str(tmp_path))).config.num_clients == 20
+
+
 def _write(tmp_path: Path, document: dict) -> str:
     file = tmp_path / "bad.json"
     file.write_text(json.dumps(document))

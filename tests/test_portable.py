@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pflbench.config.run_config import RunConfig, resolve, run_identity
+from pflbench.config.identity import run_identity
+from pflbench.config.run_config import RunConfig, resolve
 from pflbench.registry import ALGORITHMS
 from pflbench.runs.api import run_experiment
 from pflbench.store.writer import without_local_paths

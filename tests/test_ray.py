@@ -11,8 +11,10 @@ import csv
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -239,6 +241,47 @@ def test_sweep_on_ray_writes_what_a_local_sweep_writes_and_resumes(local_ray, tm
     (ray_runs[0] / "summary.json").unlink()  # an unfinished run: the rerun redoes only it
     code, output = invoke(*SWEEP, "--ray", "--out", str(tmp_path / "ray"))
     assert code == 0 and "1 done, 1 skipped" in output, output
+
+
+@needs_ray
+def test_sweep_on_ray_publishes_through_the_run_claims(local_ray, tmp_path: Path, monkeypatch) -> None:
+    """The Ray driver claims runs as a local run does: a run that another live process holds is
+    left to it (not run, not written); the others are written into ``.tmp-NAME`` under the
+    driver's claim, while no ``OUT/runs/NAME`` exists, and moved into place in one step."""
+    from pflbench.store.layout import RunPaths, claim_owner
+    from pflbench.sweeps import on_ray
+    from pflbench.sweeps.grid import Grid, expand_grid
+    from pflbench.sweeps.record import sweep_record_path
+
+    base = RunConfig(out=str(tmp_path), **{**TINY, "rounds": 1})
+    grid = Grid(("fedavg",), ("digits",), (0.5,), (0, 1))
+    runs = expand_grid(base, grid)
+    held = RunPaths(runs[1].run_dir)  # claimed by another live process (a local sweep, say)
+    held.claim.parent.mkdir(parents=True)
+    seen: list[tuple[str, bool, Any]] = []
+    write_run_files = on_ray.write_run_files
+
+    def watched(folder: Path, files: dict[str, bytes]) -> None:
+        final = RunPaths(folder.with_name(folder.name.removeprefix(".tmp-")))
+        seen.append((folder.name, final.final.exists(), (claim_owner(final) or {}).get("pid")))
+        write_run_files(folder, files)
+
+    monkeypatch.setattr(on_ray, "write_run_files", watched)
+    sleeper = subprocess.Popen(["sleep", "120"])
+    try:
+        owner = {"pid": sleeper.pid, "host": socket.gethostname(), "started": time.time()}
+        held.claim.write_text(json.dumps(owner))
+        on_ray.run_sweep_on_ray(runs, sweep_record_path(base.out, grid, base), grid, base)
+        assert claim_owner(held) == owner  # still its owner's
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert [r.status for r in runs] == ["done", "claimed"]
+    assert f"pid {sleeper.pid}" in runs[1].error
+    assert seen == [(f".tmp-{runs[0].name}", False, os.getpid())]  # under the driver's claim, no NAME yet
+    assert (runs[0].run_dir / "summary.json").is_file() and not held.final.exists()
+    names = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert names == sorted([runs[0].name, held.claim.name])  # the driver's claim released, no .tmp-
 
 
 CRASHY = """

@@ -16,7 +16,7 @@ from pflbench.runs.rerun import (
     compare_rounds,
     default_rerun_out,
     prepare_rerun,
-    read_run,
+    read_recorded_run,
 )
 
 TINY = ["--dataset", "digits", "--model", "mlp", "--num-clients", "4", "--rounds", "3", "--quiet"]
@@ -106,10 +106,10 @@ def test_compare_rounds_reports_differences(tmp_path: Path) -> None:
 
 def test_read_run_errors_and_default_out(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not a run folder"):
-        read_run(tmp_path)
+        read_recorded_run(tmp_path)
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ConfigError, match="cannot read"):
-        read_run(tmp_path)
+        read_recorded_run(tmp_path)
     run_dir = tmp_path / "out" / "runs" / "fedavg__digits__x"
     target = default_rerun_out(run_dir)
     assert target.parent == (tmp_path / "out" / "reruns").resolve()

@@ -21,7 +21,7 @@ import pytest
 
 from pflbench.config.run_config import RunConfig
 from pflbench.runs.api import run_experiment
-from pflbench.runs.checkpoint import CHECKPOINT_FILE
+from pflbench.store.layout import CHECKPOINT_FILE
 
 TIMING = {
     "round_time_s",

@@ -12,7 +12,8 @@ import torch
 from click.testing import CliRunner
 
 from pflbench.cli import cli
-from pflbench.config.run_config import RunConfig, run_identity
+from pflbench.config.identity import run_identity
+from pflbench.config.run_config import RunConfig
 from pflbench.models.saving import load_run_models
 from pflbench.models.zoo import build_model
 from pflbench.runs.prepare import prepare

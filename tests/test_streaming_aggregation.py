@@ -25,7 +25,9 @@ def test_streamed_average_is_bit_identical_and_uploads_are_not_held(tmp_path) ->
     algorithm = prepared.algorithm
     assert algorithm.streaming_aggregate([1]) is not None
     seen = Uploads()
-    federation = Federation(algorithm, prepared.executor, prepared.data.num_test, [seen])
+    federation = Federation(
+        algorithm, prepared.executor, prepared.data.num_test, prepared.config.federation_spec, [seen]
+    )
     kept = federation.train_round(1, federation.sample_clients())
     assert all(not update.params for update in kept) and len(seen.updates) == 5
     expected = weighted_average([u.params for u in seen.updates], sample_weights(seen.updates))

@@ -198,7 +198,7 @@ def test_interrupted_sweep_resumes_with_only_the_missing_runs(tmp_path: Path, mo
 
 
 def test_lora_grid_gives_every_run_the_lora_defaults_unless_set() -> None:
-    from pflbench.config.defaults import LORA_RUN_DEFAULTS
+    from pflbench.config.lora import RUN_DEFAULTS as LORA_RUN_DEFAULTS
 
     grid = Grid(["fedavg", "fedsdg"], ["digits"], [0.5], [0], {})
     runs = expand_grid(RunConfig(lr=0.05), grid)

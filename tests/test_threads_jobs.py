@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from pflbench.config.run_config import RunConfig, resolve, run_identity
+from pflbench.config.identity import run_identity
+from pflbench.config.run_config import RunConfig, resolve
 from pflbench.registry import ALGORITHMS, load_plugin_file
 from pflbench.runs.prepare import prepare
 from pflbench.runs.start import config_record

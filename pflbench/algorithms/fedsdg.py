@@ -34,8 +34,9 @@ from pflbench import (
     option,
     register_algorithm,
 )
+from pflbench.config.lora import DEFAULT_RANK
 from pflbench.engine import sample_weights
-from pflbench.models.lora import DEFAULT_RANK, LoRALinear, apply_lora, lora_layers, parse_targets
+from pflbench.models.lora import LoRALinear, apply_lora, lora_layers, parse_targets
 
 PRIVATE_B_INIT_STD = 1e-4  # B_p small and A_p = 0: ΔW_p = 0, ‖θ_p‖² ≈ 0, A_p still gets gradient
 FALLBACK_THRESHOLD = 1e-6

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import numpy as np
 
 from pflbench.errors import ConfigError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def plot_gate_heatmap(
@@ -19,6 +22,7 @@ def plot_gate_heatmap(
     title: str = "",
 ) -> Path:
     """Client × block heatmap of gate values m ∈ [0, 1] (FedSDG), saved as PNG/PDF by suffix."""
+    import numpy as np  # here: every pflbench command loads this module at start
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -55,11 +59,10 @@ def plot_gate_heatmap(
 @click.option("--plot", type=click.Path(dir_okay=False), help="Save the client × block heatmap (PNG/PDF).")
 def gates_command(run_dir: str, plot: str | None) -> None:
     """Print (and plot) the per-client gate values of a FedSDG run."""
-    import json
-    from pathlib import Path
+    from pflbench.store.layout import SUMMARY_FILE
+    from pflbench.store.reader import read_json  # here: pandas stays out of `pflbench --help`
 
-    summary_path = Path(run_dir) / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    summary = read_json(Path(run_dir) / SUMMARY_FILE) or {}
     if "gates" not in summary:
         raise ConfigError(f"{run_dir} has no gate values (a finished fedsdg run folder has them in summary.json)")
     gates = summary["gates"]

@@ -27,8 +27,9 @@ import torch
 from torch import nn
 
 from pflbench import Algorithm, ClientProgram, ClientUpdate, ConfigError, RunConfig, Tensors, option, register_algorithm
+from pflbench.config.lora import DEFAULT_RANK
 from pflbench.engine import sample_weights, weighted_average
-from pflbench.models.lora import DEFAULT_RANK, lora_layers
+from pflbench.models.lora import lora_layers
 from pflbench.util.seeding import rng_stream
 
 RANK_DISTRIBUTIONS = ("homo", "uniform", "heavy-tail")

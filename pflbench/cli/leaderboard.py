@@ -21,6 +21,15 @@ def _write_text(path: Any, text: str) -> None:
         raise ConfigError(f"cannot write {path}: {error.strerror or error}") from None
 
 
+def _extras(text: str) -> tuple[str, ...]:
+    """``--extra "comm, time"`` → ``("comm", "time")`` (the report checks the names). Not
+    ``sweeps.grid.split_values``: that module imports the data layer, and with it torch."""
+    extras = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    if text and not extras:
+        raise ConfigError("--extra needs at least one value")
+    return extras
+
+
 @click.command("leaderboard")
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.option(
@@ -130,7 +139,6 @@ def leaderboard_command(
     from pflbench.report.render import FORMATS
     from pflbench.store.layout import check_writable, writing
     from pflbench.store.reader import load_runs
-    from pflbench.sweeps.grid import split_values
 
     if fmt == "all" and output is None:
         raise ConfigError("--format all writes one file per format; give --output FOLDER")
@@ -148,7 +156,7 @@ def leaderboard_command(
     table = pivot(
         frame,
         metric,
-        split_values(extra, str, "--extra") if extra else (),
+        _extras(extra),
         interval=interval,
         test=test,
         level=level,

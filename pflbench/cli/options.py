@@ -17,9 +17,10 @@ from typing import Any
 import click
 
 from pflbench.cli.config_file import config_path_from, default_map, plugins_of, read_config_file
+from pflbench.config.identity import inert_settings
 from pflbench.config.run_config import RunConfig, field_types
 from pflbench.errors import ConfigError
-from pflbench.registry import ALGORITHMS, load_plugin_file
+from pflbench.registry import ALGORITHMS, algorithm_hyperparameters, load_plugin_file
 
 
 def _flag(name: str) -> str:
@@ -37,41 +38,44 @@ def _click_type(annotation: Any, choices: tuple[str, ...] | None) -> tuple[Any, 
     return annotation, False
 
 
+def field_option(name: str, annotation: Any, default: Any, metadata: Any) -> click.Option:
+    """The option of one dataclass field (its resolved annotation, default and metadata)."""
+    click_type, multiple = _click_type(annotation, metadata.get("choices"))
+    if click_type is bool:
+        decls = [f"{_flag(name)}/--no-{name.replace('_', '-')}"]
+        return click.Option(decls, default=default, show_default=True, help=metadata["help"])
+    return click.Option(
+        [_flag(name)],
+        type=click_type,
+        multiple=multiple,
+        default=default,
+        show_default=default is not None,
+        help=metadata["help"],
+    )
+
+
 def dataclass_options(cls: type, names: tuple[str, ...] | None = None) -> list[click.Option]:
     hints = field_types(cls)
-    options = []
-    for f in dataclasses.fields(cls):
-        if names is not None and f.name not in names:
-            continue
-        click_type, multiple = _click_type(hints[f.name], f.metadata.get("choices"))
-        if click_type is bool:
-            decls = [f"{_flag(f.name)}/--no-{f.name.replace('_', '-')}"]
-            options.append(click.Option(decls, default=f.default, show_default=True, help=f.metadata["help"]))
-            continue
-        options.append(
-            click.Option(
-                [_flag(f.name)],
-                type=click_type,
-                multiple=multiple,
-                default=f.default,
-                show_default=f.default is not None,
-                help=f.metadata["help"],
-            )
-        )
-    return options
+    return [
+        field_option(f.name, hints[f.name], f.default, f.metadata)
+        for f in dataclasses.fields(cls)
+        if names is None or f.name in names
+    ]
 
 
-def algorithm_options() -> list[click.Option]:
-    """One option per hyperparameter name over all registered algorithms (default: unset)."""
+def algorithm_options(from_sources: bool = False) -> list[click.Option]:
+    """One option per hyperparameter name over all registered algorithms (default: unset).
+    ``from_sources`` (for --help): the algorithm modules not imported yet are read, not
+    imported (``registry.algorithm_hyperparameters``), so that help does not pay for torch."""
+    if not from_sources:
+        ALGORITHMS.load_entry_points()
     seen: dict[str, tuple[click.Option, list[str]]] = {}
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
-    for algo, server_class in sorted(ALGORITHMS.items.items()):
-        for option, f in zip(
-            dataclass_options(server_class.hyperparameters), dataclasses.fields(server_class.hyperparameters)
-        ):
+    for algo, fields in algorithm_hyperparameters().items():
+        for f in fields:
             if f.name in run_fields or f.name in ("quiet", "plugin"):
                 raise ConfigError(f"algorithm {algo!r} hyperparameter {f.name!r} clashes with a run option")
-            entry = seen.setdefault(f.name, (option, []))
+            entry = seen.setdefault(f.name, (field_option(f.name, f.annotation, f.default, f.metadata), []))
             entry[1].append(f"{algo}: {f.default}")
     result = []
     for option, defaults in seen.values():
@@ -91,32 +95,6 @@ def _load_plugins_from(args: list[str]) -> tuple[str, ...]:
     for path in paths:
         load_plugin_file(path)
     return tuple(paths)
-
-
-def inert_settings(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dict[str, str]:
-    """The settings a resolved run would not read, each with why: given explicitly they are
-    refused (``--momentum`` with Adam, LoRA options without LoRA, ...), never recorded as if
-    they applied. (``run_identity`` leaves them out.)"""
-    lora = algorithm.lora_rank(config, hyperparameters) is not None
-    inert: dict[str, str] = {}
-    if config.optimizer is not None and config.optimizer != "sgd":
-        inert["momentum"] = f"--optimizer {config.optimizer} has no momentum (use --optimizer sgd)"
-    if not lora:
-        for name in ("lora_alpha", "lora_targets"):
-            inert[name] = f"--algo {config.algo} without --lora-rank trains no LoRA layers"
-    if not (getattr(algorithm, "uses_head_layers", False) or lora):
-        inert["head_layers"] = f"--algo {config.algo} has no private head (fedper, fedrep or LoRA runs use it)"
-    partitioned_here = config.partition_file is None
-    if partitioned_here and config.partition != "shards":
-        inert["shards_per_client"] = f"--partition {config.partition} has no shards (use --partition shards)"
-    if partitioned_here and not config.partition.startswith("dirichlet"):
-        inert["alpha"] = f"--partition {config.partition} has no concentration α (use --partition dirichlet)"
-    if partitioned_here and config.partition != "dirichlet":
-        inert["dirichlet_cut"] = f"--partition {config.partition} is not dirichlet"
-    if not config.init_spec.pretrains(lora):
-        for name in ("pretrain_epochs", "pretrain_lr"):
-            inert[name] = "this run pretrains no backbone (LoRA runs or --backbone public do)"
-    return inert
 
 
 def explicit_options(names: Any) -> set[str]:
@@ -139,6 +117,9 @@ def refuse_inert_options(configs: list[tuple[RunConfig, Any]]) -> None:
         raise ConfigError(f"{_flag(name)} {value} would be ignored: {inert[name]}; leave it out")
 
 
+HELP_FROM_SOURCES = "pflbench.help_from_sources"  # ctx.meta key: this invocation shows help
+
+
 class RunCommand(click.Command):
     """``run`` gains each registered algorithm's hyperparameters as options (after --plugin), and
     ``--config FILE`` supplies defaults for every option (``config_file.py``)."""
@@ -146,7 +127,9 @@ class RunCommand(click.Command):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         _load_plugins_from(args)
         path = config_path_from(args)
-        if path is not None and not any(a in ("--help", "-h") for a in args):
+        wants_help = any(a in ctx.help_option_names for a in args[: args.index("--") if "--" in args else None])
+        ctx.meta[HELP_FROM_SOURCES] = wants_help  # help reads the algorithms' sources, without torch
+        if path is not None and not wants_help:
             # the file's values become click's defaults: command-line options override them
             table = read_config_file(path)
             for plugin in plugins_of(table):
@@ -158,7 +141,8 @@ class RunCommand(click.Command):
     def get_params(self, ctx: click.Context) -> list[click.Parameter]:
         base = super().get_params(ctx)
         known = {p.name for p in base}
-        return base[:-1] + [o for o in algorithm_options() if o.name not in known] + base[-1:]
+        extra = algorithm_options(from_sources=ctx.meta.get(HELP_FROM_SOURCES, False))
+        return base[:-1] + [o for o in extra if o.name not in known] + base[-1:]
 
 
 class PflbenchGroup(click.Group):

@@ -55,7 +55,7 @@ def pretrain_command(**values: Any) -> None:
 
 def _pretrain_options() -> list[click.Option]:
     """The pretraining fields of RunConfig, defaulting to what a LoRA run uses."""
-    from pflbench.config.defaults import LORA_RUN_DEFAULTS as RUN_DEFAULTS
+    from pflbench.config.lora import RUN_DEFAULTS
 
     options = dataclass_options(RunConfig, PRETRAIN_FIELDS)
     for option in options:

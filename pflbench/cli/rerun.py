@@ -35,7 +35,7 @@ def rerun_command(
     algorithm's hyperparameters, the plugins) into a new folder, then compare the metrics
     with the original's rounds.jsonl (timings aside; identical on the CPU)."""
     from pflbench.cli.run import _execute_with_progress, _summary_line
-    from pflbench.config.run_config import identity_hash, run_identity
+    from pflbench.config.identity import identity_hash, run_identity
     from pflbench.runs.execute import execute
     from pflbench.runs.rerun import compare_rounds, prepare_rerun
 

@@ -36,9 +36,8 @@ def _run_callback(quiet: bool, plugin: tuple[str, ...], force: bool, resume: boo
     from pathlib import Path
 
     from pflbench.cli.options import refuse_inert_options
-    from pflbench.config.run_config import hyperparameters_from, resolve
     from pflbench.runs.execute import RunDiverged, execute
-    from pflbench.runs.prepare import prepare
+    from pflbench.runs.prepare import plan_run, prepare
     from pflbench.store.layout import RunPaths, check_writable, guard_run
 
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
@@ -46,13 +45,10 @@ def _run_callback(quiet: bool, plugin: tuple[str, ...], force: bool, resume: boo
     algo_options = {k: v for k, v in values.items() if k not in run_fields and v is not None}
     check_writable(config.out)
     check_writable(Path(config.out) / "runs")
-    algorithm_class = ALGORITHMS.get(config.algo)
-    hparams = hyperparameters_from(algorithm_class.hyperparameters, dict(algo_options), config.algo)
-    resolved, _ = resolve(config, algorithm_class, hparams)
-    refuse_inert_options([(resolved, hparams)])
-    # unset settings take the algorithm's run defaults; a finished or claimed run is refused
-    # before the partition and any pretraining
-    prepared = prepare(config, algo_options, guard=lambda run_dir: guard_run(RunPaths(run_dir), force))
+    plan = plan_run(config, algo_options)  # unset settings take the algorithm's run defaults
+    refuse_inert_options([(plan.config, plan.hparams)])
+    # a finished or claimed run is refused before the partition and any pretraining
+    prepared = prepare(plan, guard=lambda run_dir: guard_run(RunPaths(run_dir), force))
     try:
         if quiet:
             summary = execute(prepared, plugins=plugin, force=force, resume=resume)
@@ -198,8 +194,6 @@ def list_command(kind: str | None, plugin: tuple[str, ...]) -> None:
 )
 def partition_command(plot: str | None, save: str | None, export: str | None, **values: Any) -> None:
     """Partition a dataset and print per-client statistics."""
-    from click.core import ParameterSource
-
     from pflbench.config.run_config import validate, with_base_defaults
     from pflbench.data.dataset import load_dataset
     from pflbench.data.partition import fit_num_clients, make_partition
@@ -215,9 +209,7 @@ def partition_command(plot: str | None, save: str | None, export: str | None, **
     config = with_base_defaults(config)
     validate(config)
     dataset = load_dataset(config.dataset, config.dataset_options())
-    context = click.get_current_context()
-    explicit = {"num_clients"} if context.get_parameter_source("num_clients") is not ParameterSource.DEFAULT else set()
-    config = fit_num_clients(config, dataset, explicit)
+    config = fit_num_clients(config, dataset)
     split = make_partition(config, dataset)
     stats = split.stats
     click.echo(
@@ -265,11 +257,11 @@ def partition_command(plot: str | None, save: str | None, export: str | None, **
 
 def refuse_partition_inert(values: dict[str, Any]) -> None:
     """The partition options the chosen partitioner would not read, given explicitly: refused."""
-    from pflbench.cli.options import _flag, explicit_options, inert_settings
+    from pflbench.cli.options import _flag, explicit_options
+    from pflbench.config.identity import partition_inert
     from pflbench.errors import ConfigError
 
-    probe = RunConfig(**values)
-    inert = {k: v for k, v in inert_settings(probe, ALGORITHMS.get("fedavg"), None).items() if k in PARTITION_FIELDS}
+    inert = partition_inert(RunConfig(**values))
     for name in sorted(explicit_options(inert)):
         raise ConfigError(f"{_flag(name)} {values[name]} would be ignored: {inert[name]}; leave it out")
 

@@ -86,7 +86,7 @@ def _sweep_callback(
     from pflbench.cli.options import refuse_inert_options
     from pflbench.config.run_config import hyperparameters_from
     from pflbench.registry import ALGORITHMS
-    from pflbench.store.layout import check_writable
+    from pflbench.store.layout import ERROR_FILE, RUNS_DIR, SUMMARY_FILE, check_writable
     from pflbench.sweeps.grid import check_grid, expand_grid
     from pflbench.sweeps.local import run_sweep
     from pflbench.sweeps.record import count_statuses, sweep_record_path
@@ -113,12 +113,12 @@ def _sweep_callback(
     )
     if dry_run:
         for run in runs:
-            done = " (finished)" if (run.run_dir / "summary.json").is_file() else ""
+            done = " (finished)" if (run.run_dir / SUMMARY_FILE).is_file() else ""
             click.echo(f"{run.describe()}: {run.run_dir}{done}")
         click.echo(f"sweep: {len(runs)} runs (dry run, nothing was run)")
         return 0
     check_writable(base.out)
-    check_writable(Path(base.out) / "runs")
+    check_writable(Path(base.out) / RUNS_DIR)
     check_grid(runs)  # each distinct dataset/partition/model built once: bad options refuse the grid
     record = sweep_record_path(base.out, grid, base)
 
@@ -139,7 +139,7 @@ def _sweep_callback(
 
     if not quiet:
         click.echo(
-            f"sweep: {len(runs)} runs into {Path(base.out) / 'runs'}"
+            f"sweep: {len(runs)} runs into {Path(base.out) / RUNS_DIR}"
             + (f" as Ray tasks ({cpus_per_run:g} CPU, {gpus_per_run:g} GPU each)" if on_ray else "")
         )
     try:
@@ -166,7 +166,7 @@ def _sweep_callback(
     )
     for run in runs:
         if run.status == "failed":
-            click.echo(f"  failed {run.name}: {run.error} (see {run.run_dir / 'error.json'})", err=True)
+            click.echo(f"  failed {run.name}: {run.error} (see {run.run_dir / ERROR_FILE})", err=True)
         elif run.status == "diverged":
             click.echo(f"  diverged {run.name}: {run.error}", err=True)
         elif run.status == "claimed":

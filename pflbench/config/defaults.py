@@ -1,7 +1,7 @@
 """Defaults of the settings a run may leave unset (``None`` in ``RunConfig``), in one table.
 
 ``config.resolve`` fills an unset setting from, in order: the algorithm's ``run_defaults``
-(e.g. LoRA runs, FedSDG's clipping), a sweep's shared defaults, the defaults of the resolved
+(e.g. LoRA runs: ``config.lora.RUN_DEFAULTS``; FedSDG's clipping), a sweep's shared defaults, the defaults of the resolved
 model's family (``DEFAULTS_BY_FAMILY``), then ``BASE_DEFAULTS``. ``config.json`` records every
 value filled this way under ``resolved.run_defaults`` (and the family under
 ``resolved.defaults_family``). No torch import here: the CLI shows these without loading it.
@@ -21,17 +21,6 @@ BASE_DEFAULTS: dict[str, Any] = {
 }
 AUTO_FIELDS = tuple(BASE_DEFAULTS)
 
-# Defaults of a LoRA run for the settings left unset (re-exported as ``lora.RUN_DEFAULTS``): LoRA
-# needs a transformer and a pretrained backbone, which offline means one pretrained on a public
-# fraction of the data (SPEC §4, "Backbone for LoRA methods"); Adam as in the LoRA papers.
-LORA_RUN_DEFAULTS: dict[str, Any] = {
-    "model": "vit_tiny_patch16_224",
-    "model_option": ("depth=6", "embed_dim=64", "num_heads=4"),
-    "public_frac": 0.2,
-    "optimizer": "adam",
-    "lr": 1e-3,
-}
-LORA_DEFAULT_RANK = 8  # LoRA algorithms' rank (FedSDG, FlexLoRA homo) when --lora-rank is unset
 
 # The zoo's small models trained from scratch with plain SGD (no momentum, batch 32, 1 local
 # epoch) on the small built-in data. On digits (1,797 samples over 20 clients: about 2
@@ -39,18 +28,13 @@ LORA_DEFAULT_RANK = 8  # LoRA algorithms' rank (FedSDG, FlexLoRA homo) when --lo
 # learning rates below were measured (digits, CNN, α 0.5, 20 clients, 50 rounds, seed 0) to
 # learn within the default 50 rounds for every built-in algorithm: the table is in the README,
 # "Defaults that learn". The same lr 0.1 is what the README's reference runs used. timm models
-# (pretrained or not, other scales) keep the base lr 0.01; LoRA runs keep LORA_RUN_DEFAULTS.
+# (pretrained or not, other scales) keep the base lr 0.01; LoRA runs keep config.lora.RUN_DEFAULTS.
 MODEL_FAMILIES: dict[str, str] = {"mlp": "small", "cnn": "small", "lenet": "small", "cnn_bn": "small"}
 DEFAULTS_BY_FAMILY: dict[str, dict[str, Any]] = {
     "small": {"lr": 0.1},
 }
-# Where one algorithm was measured not to learn with its family's values: (family, algorithm) →
-# its own. SCAFFOLD's control variates and FedDyn's linear term blow up at lr 0.1 on digits
-# (both reach chance again before round 50; SCAFFOLD at lr 0.05 too).
-DEFAULTS_BY_FAMILY_AND_ALGORITHM: dict[tuple[str, str], dict[str, Any]] = {
-    ("small", "scaffold"): {"lr": 0.02},
-    ("small", "feddyn"): {"lr": 0.05},
-}
+# An algorithm measured not to learn with its family's values declares its own in its plugin
+# (``Algorithm.defaults_by_family``, e.g. SCAFFOLD's and FedDyn's lr): the core names no algorithm.
 
 
 def model_family(model: str | None) -> str | None:
@@ -58,9 +42,9 @@ def model_family(model: str | None) -> str | None:
     return MODEL_FAMILIES.get(model or "")
 
 
-def family_defaults(model: str | None, algo: str | None = None) -> dict[str, Any]:
-    """The defaults of ``model``'s family, refined for ``algo`` where measured necessary."""
+def family_defaults(model: str | None, refinements: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The defaults of ``model``'s family, refined by an algorithm's ``defaults_by_family``."""
     family = model_family(model)
     if family is None:
         return {}
-    return {**DEFAULTS_BY_FAMILY.get(family, {}), **DEFAULTS_BY_FAMILY_AND_ALGORITHM.get((family, algo or ""), {})}
+    return {**DEFAULTS_BY_FAMILY.get(family, {}), **(refinements or {}).get(family, {})}

@@ -1,5 +1,7 @@
 """The settings each stage of a run receives: frozen groups of ``RunConfig``'s flat fields
-(``config.data_spec``, ``config.partition_spec``, ...), with the identity rules of their group."""
+(``config.partition_spec``, ``config.federation_spec``, ...). A stage reads its group, not the
+whole flat config: the partition stage ``PartitionSpec``, the initial weights ``InitSpec``, the
+client programs ``LocalSpec``, the round loop ``FederationSpec``, an executor ``ExecutorSpec``."""
 
 from __future__ import annotations
 
@@ -7,21 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "DataSpec",
+    "ExecutorSpec",
     "FederationSpec",
     "InitSpec",
-    "LoRASpec",
     "LocalSpec",
-    "ModelSpec",
     "PartitionSpec",
-    "RuntimeSpec",
 ]
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    dataset: str
-    options: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -30,7 +23,7 @@ class PartitionSpec:
 
     dataset: str
     partition: str
-    num_clients: int
+    num_clients: int | None  # None until fitted (data.partition.fit_num_clients)
     alpha: float
     shards_per_client: int
     min_size: int
@@ -39,31 +32,6 @@ class PartitionSpec:
     seed: int
     dirichlet_cut: str
     partition_file: str | None
-
-    def identity(self) -> dict[str, Any]:
-        """The settings the partitioner reads (alpha only for Dirichlet ones, shards for shards)."""
-        read: dict[str, Any] = {
-            "partition": self.partition,
-            "num_clients": self.num_clients,
-            "test_frac": self.test_frac,
-            "public_frac": self.public_frac,
-        }
-        if self.partition_file is not None:
-            return {**read, "partition_file": self.partition_file}
-        if self.partition.startswith("dirichlet"):
-            read.update(alpha=self.alpha, min_size=self.min_size)
-        if self.partition == "dirichlet":
-            read["dirichlet_cut"] = self.dirichlet_cut
-        if self.partition == "shards":
-            read["shards_per_client"] = self.shards_per_client
-        return read
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    name: str
-    options: dict[str, Any]
-    head_layers: int
 
 
 @dataclass(frozen=True)
@@ -82,18 +50,16 @@ class InitSpec:
 
 
 @dataclass(frozen=True)
-class LoRASpec:
-    rank: int | None
-    alpha: float
-    targets: str
-
-
-@dataclass(frozen=True)
 class FederationSpec:
+    """What the round loop reads (``engine.federation.Federation``)."""
+
     num_clients: int
-    frac: float
+    sampled_per_round: int
     rounds: int
     eval_every: int
+    seed: int
+    finetune_epochs: int
+    local: LocalSpec  # the fine-tuning of --finetune-epochs trains like a client
 
 
 @dataclass(frozen=True)
@@ -121,9 +87,11 @@ class LocalSpec:
 
 
 @dataclass(frozen=True)
-class RuntimeSpec:
-    seed: int
+class ExecutorSpec:
+    """What an executor may read when it is built (``engine.executor.make_executor``)."""
+
+    kind: str
     device: str
-    executor: str
-    out: str
-    threads: int
+    sampled_per_round: int
+    ray_address: str | None
+    ray_workers: int | None

@@ -1,6 +1,6 @@
 """Run configuration: one flat frozen dataclass (the namespace of the command line, config files
-and sweep axes) with grouped views, one per stage: ``data_spec``, ``partition_spec``,
-``model_spec``, ``init_spec``, ``lora_spec``, ``federation_spec``, ``local_spec``, ``runtime_spec``.
+and sweep axes) with grouped views, one per stage that reads a group: ``partition_spec``,
+``init_spec``, ``local_spec``, ``federation_spec``, ``executor_spec``.
 
 Settings that depend on the algorithm (model, public fraction, optimizer, lr, gradient clipping)
 default to ``None`` = unset; ``resolve`` fills them once, the same way for ``run``, ``sweep`` and
@@ -13,24 +13,13 @@ Each field carries its help text in ``metadata``; the CLI's options and the save
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 from pflbench.config.defaults import AUTO_FIELDS, BASE_DEFAULTS, family_defaults
-from pflbench.config.groups import (
-    DataSpec,
-    FederationSpec,
-    InitSpec,
-    LocalSpec,
-    LoRASpec,
-    ModelSpec,
-    PartitionSpec,
-    RuntimeSpec,
-)
+from pflbench.config.groups import ExecutorSpec, FederationSpec, InitSpec, LocalSpec, PartitionSpec
 from pflbench.errors import ConfigError
 
 
@@ -70,7 +59,10 @@ class RunConfig:
         "flwr-datasets partitioner instead (pip install 'pflbench[flwr]').",
     )
     test_frac: float = option(0.25, "Fraction of each client's samples held out for its test split.")
-    num_clients: int = option(20, "Number of clients K.")
+    num_clients: int | None = option(
+        None,
+        "Number of clients K [default: a partition file's K, else 20; given with a partition file, it must agree].",
+    )
     frac: float = option(1.0, "Fraction of clients sampled per round, M = max(1, round(K·frac)).")
     rounds: int = option(50, "Communication rounds.")
     local_epochs: int = option(1, "Local epochs per round.")
@@ -87,7 +79,7 @@ class RunConfig:
     model: str | None = option(
         None,
         "Model: a zoo name (`pflbench list models`) or a timm model "
-        "name [default: cnn; LoRA runs a 6-block ViT, see lora.RUN_DEFAULTS].",
+        "name [default: cnn; LoRA runs a 6-block ViT, see config.lora.RUN_DEFAULTS].",
     )
     head_layers: int = option(1, "Layers (from the output) that form the private head.")
     model_option: tuple[str, ...] = option(
@@ -165,7 +157,7 @@ class RunConfig:
 
     @property
     def sampled_per_round(self) -> int:
-        return max(1, round(self.num_clients * self.frac))
+        return max(1, round(_resolved(self.num_clients, "num_clients") * self.frac))
 
     @property
     def resolved_eval_every(self) -> int:
@@ -184,10 +176,6 @@ class RunConfig:
 
     # ---- the groups each stage receives ---------------------------------------------------
     @property
-    def data_spec(self) -> DataSpec:
-        return DataSpec(self.dataset, self.dataset_options())
-
-    @property
     def partition_spec(self) -> PartitionSpec:
         return PartitionSpec(
             self.dataset,
@@ -204,20 +192,24 @@ class RunConfig:
         )
 
     @property
-    def model_spec(self) -> ModelSpec:
-        return ModelSpec(_resolved(self.model, "model"), self.model_options(), self.head_layers)
-
-    @property
     def init_spec(self) -> InitSpec:
         return InitSpec(self.pretrained, self.weights, self.backbone, self.pretrain_epochs, self.pretrain_lr)
 
     @property
-    def lora_spec(self) -> LoRASpec:
-        return LoRASpec(self.lora_rank, self.lora_alpha, self.lora_targets)
+    def federation_spec(self) -> FederationSpec:
+        return FederationSpec(
+            _resolved(self.num_clients, "num_clients"),
+            self.sampled_per_round,
+            self.rounds,
+            self.resolved_eval_every,
+            self.seed,
+            self.finetune_epochs,
+            self.local_spec,
+        )
 
     @property
-    def federation_spec(self) -> FederationSpec:
-        return FederationSpec(self.num_clients, self.frac, self.rounds, self.resolved_eval_every)
+    def executor_spec(self) -> ExecutorSpec:
+        return ExecutorSpec(self.executor, self.device, self.sampled_per_round, self.ray_address, self.ray_workers)
 
     @property
     def local_spec(self) -> LocalSpec:
@@ -230,10 +222,6 @@ class RunConfig:
             self.weight_decay,
             _resolved(self.max_grad_norm, "max_grad_norm"),
         )
-
-    @property
-    def runtime_spec(self) -> RuntimeSpec:
-        return RuntimeSpec(self.seed, self.device, self.executor, self.out, self.threads)
 
 
 def with_base_defaults(config: RunConfig) -> RunConfig:
@@ -258,57 +246,11 @@ def resolve(
     serves ``run``, ``sweep`` and library calls."""
     chosen = {**(shared_defaults or {}), **algorithm.run_defaults(config, hparams)}
     model = config.model if config.model is not None else chosen.get("model", BASE_DEFAULTS["model"])
-    defaults = {**BASE_DEFAULTS, **family_defaults(model, config.algo), **chosen}
+    defaults = {**BASE_DEFAULTS, **family_defaults(model, getattr(algorithm, "defaults_by_family", None)), **chosen}
     applied = {name: defaults[name] for name in AUTO_FIELDS if getattr(config, name) is None}
     if config.model is None and not config.model_option and "model_option" in defaults:
         applied["model_option"] = tuple(defaults["model_option"])
     return dataclasses.replace(config, **applied), applied
-
-
-def run_identity(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dict[str, Any]:
-    """Exactly the settings a resolved run reads: an inert option (``--shards-per-client`` under
-    Dirichlet, ``--lora-alpha`` without LoRA, ``--momentum`` with Adam, ...) is left out."""
-    lora_rank = algorithm.lora_rank(config, hyperparameters)
-    init = config.init_spec
-    identity: dict[str, Any] = {
-        "algo": config.algo,
-        "dataset": config.dataset,
-        "dataset_options": config.dataset_options(),
-        **config.partition_spec.identity(),
-        "seed": config.seed,
-        "model": config.model,
-        "model_options": config.model_options(),
-        "rounds": config.rounds,
-        "frac": config.frac,
-        "eval_every": config.resolved_eval_every,
-        **config.local_spec.identity(),
-        "device": config.device.split(":")[0],
-        "algo_hparams": dataclasses.asdict(hyperparameters),
-    }
-    if getattr(algorithm, "uses_head_layers", False) or lora_rank is not None:
-        identity["head_layers"] = config.head_layers
-    if config.executor not in ("sequential", "ray"):  # ray gives sequential's numbers: the same run
-        identity["executor"] = config.executor
-    if config.finetune_epochs:
-        identity["finetune_epochs"] = config.finetune_epochs
-    if config.pretrained or config.weights:
-        identity.update(pretrained=config.pretrained, weights=config.weights)
-    if init.pretrains(lora_rank is not None):
-        identity.update(backbone="public", pretrain_epochs=config.pretrain_epochs, pretrain_lr=config.pretrain_lr)
-    if lora_rank is not None:
-        identity.update(lora_rank=lora_rank, lora_alpha=config.lora_alpha, lora_targets=config.lora_targets)
-    return identity
-
-
-def identity_hash(identity: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
-
-
-def run_name(config: RunConfig, algorithm: Any, hyperparameters: Any) -> str:
-    """``<algo>__<dataset>__<partition>__s<seed>__<hash>`` with a hash of every setting read."""
-    digest = identity_hash(run_identity(config, algorithm, hyperparameters))
-    split = f"a{config.alpha:g}" if config.partition.startswith("dirichlet") else config.partition
-    return f"{config.algo}__{config.dataset}__{split}__s{config.seed}__{digest}"
 
 
 def _key_values(items: tuple[str, ...], flag: str) -> dict[str, Any]:
@@ -342,7 +284,7 @@ def validate(config: RunConfig) -> None:
     )
     checks = [
         (math.isfinite(config.alpha) and config.alpha > 0, f"--alpha must be a finite number > 0, got {config.alpha}"),
-        (config.num_clients >= 1, f"--num-clients must be ≥ 1, got {config.num_clients}"),
+        (config.num_clients is None or config.num_clients >= 1, f"--num-clients must be ≥ 1, got {config.num_clients}"),
         (math.isfinite(config.frac) and 0 < config.frac <= 1, f"--frac must be in (0, 1], got {config.frac}"),
         (config.rounds >= 1, f"--rounds must be ≥ 1, got {config.rounds}"),
         (config.local_epochs >= 0, f"--local-epochs must be ≥ 0, got {config.local_epochs}"),

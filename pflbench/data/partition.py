@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pflbench.config.identity import partitioner_arguments
 from pflbench.config.run_config import RunConfig, with_base_defaults
 from pflbench.data.flwr import FLWR_PREFIX, flwr_preset
 from pflbench.data.partitioners import partition, partition_stats, public_split, split_train_test
@@ -18,6 +20,8 @@ from pflbench.util.seeding import rng_stream
 if TYPE_CHECKING:
     from pflbench.config.groups import PartitionSpec
     from pflbench.data.dataset import TensorDataset
+
+DEFAULT_NUM_CLIENTS = 20  # K when --num-clients is unset and no preset partition sets it
 
 
 @dataclass
@@ -40,7 +44,9 @@ def make_partition(spec: PartitionSpec | RunConfig, dataset: TensorDataset) -> P
     """Hold out the public fraction (public stream), partition the rest over clients
     (partition stream), then split each client (split stream). Reads only the partition group
     (a RunConfig is accepted for convenience: its unset settings take the base defaults)."""
-    config = with_base_defaults(spec).partition_spec if isinstance(spec, RunConfig) else spec
+    config = fit_num_clients(with_base_defaults(spec), dataset).partition_spec if isinstance(spec, RunConfig) else spec
+    if config.num_clients is None:
+        raise RuntimeError("num_clients is unset: fit it first (data.partition.fit_num_clients)")
     labels = dataset.labels.numpy()
     preset = preset_partition(config, dataset)  # --partition-file, or a dataset's own client split
     if preset is not None:
@@ -53,11 +59,8 @@ def make_partition(spec: PartitionSpec | RunConfig, dataset: TensorDataset) -> P
         labels[pool],
         config.num_clients,
         rng_stream(config.seed, "partition"),
-        alpha=config.alpha,
-        min_size=config.min_size,
-        shards_per_client=config.shards_per_client,
         groups=groups,
-        cut=config.dirichlet_cut,
+        **partitioner_arguments(config),
     )
     clients = [pool[indices] for indices in clients]
     train, test = split_train_test(labels, clients, config.test_frac, rng_stream(config.seed, "split"))
@@ -95,20 +98,26 @@ def preset_partition(config: PartitionSpec | RunConfig, dataset: TensorDataset) 
     return preset
 
 
-def fit_num_clients(config: RunConfig, dataset: TensorDataset, explicit: set[str] | None = None) -> RunConfig:
-    """``config`` with ``num_clients`` taken from the preset partition, if there is one.
-
-    A ``--num-clients`` the user set explicitly (``explicit``) must agree with the partition.
-    """
-    if (config.partition_file or "").startswith(FLWR_PREFIX):
-        return config  # Flower's partitioner is built for --num-clients partitions
-    preset = preset_partition(config, dataset)
-    if preset is None or preset.num_clients == config.num_clients:
-        return config
-    if explicit is not None and "num_clients" in explicit:
+def fit_num_clients(config: RunConfig, dataset: TensorDataset | Callable[[], TensorDataset]) -> RunConfig:
+    """``config`` with the number of clients K set by THE rule (``run``, ``sweep``, ``partition``
+    and library calls all come here): a preset partition (a ``--partition-file``, or the dataset's
+    own client split under ``--partition natural``) has its K, and a ``--num-clients`` that is set
+    must equal it (a conflict is an error, never a silent change); otherwise K is
+    ``--num-clients``, ``DEFAULT_NUM_CLIENTS`` when unset. A flwr-datasets partitioner is built
+    for K partitions. ``dataset`` may be a loader, called only when K depends on the data."""
+    if config.partition_file is None and config.partition != "natural":
+        preset = None  # no preset can exist: K is the option's, the data is not needed
+    elif (config.partition_file or "").startswith(FLWR_PREFIX):
+        preset = None  # Flower's partitioner is built for --num-clients partitions
+    else:
+        preset = preset_partition(config, dataset() if callable(dataset) else dataset)
+    if preset is None:
+        return (
+            config if config.num_clients is not None else dataclasses.replace(config, num_clients=DEFAULT_NUM_CLIENTS)
+        )
+    if config.num_clients is not None and config.num_clients != preset.num_clients:
         raise ConfigError(
-            f"--num-clients {config.num_clients} contradicts partition "
-            f"{preset.source!r}, which has {preset.num_clients} clients; drop "
-            "--num-clients (the partition sets it)"
+            f"--num-clients {config.num_clients} contradicts partition {preset.source!r}, which has "
+            f"{preset.num_clients} clients; drop --num-clients (the partition sets it)"
         )
     return dataclasses.replace(config, num_clients=preset.num_clients)

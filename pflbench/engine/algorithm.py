@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pflbench.config import lora
 from pflbench.engine.local import LocalResult, LocalTrainer, standard_local_update
 from pflbench.engine.state import ClientStateStore
 from pflbench.engine.streaming import StreamingWeightedAverage
@@ -37,6 +38,7 @@ from pflbench.engine.types import (
     weighted_average,
 )
 from pflbench.errors import ConfigError
+from pflbench.models.lora import apply_lora, parse_targets
 
 if TYPE_CHECKING:
     from pflbench.config.groups import LocalSpec
@@ -117,6 +119,10 @@ class Algorithm(Generic[H]):
     # Attributes that change across rounds besides global_state and the store (tensors or
     # JSON-able values): saved in checkpoints so a resumed run continues exactly.
     checkpoint_attributes: ClassVar[tuple[str, ...]] = ()
+    # Where this algorithm was measured to need other defaults than its model family's
+    # (``config.defaults.DEFAULTS_BY_FAMILY``): family → {setting: value}. Applied at the family
+    # defaults' rank (below ``run_defaults`` and a sweep's shared defaults), recorded in config.json.
+    defaults_by_family: ClassVar[dict[str, dict[str, Any]]] = {}
 
     # ---- set-up (class level, before any state exists) -----------------------------------
     @classmethod
@@ -127,10 +133,8 @@ class Algorithm(Generic[H]):
     @classmethod
     def run_defaults(cls, config: RunConfig, hparams: H) -> dict[str, Any]:
         """Values for the settings the user left unset (``None``). LoRA runs need a small ViT,
-        a public fraction to pretrain it on, and Adam (``lora.RUN_DEFAULTS``)."""
-        from pflbench.models.lora import RUN_DEFAULTS
-
-        return dict(RUN_DEFAULTS) if cls.lora_rank(config, hparams) is not None else {}
+        a public fraction to pretrain it on, and Adam (``config.lora.RUN_DEFAULTS``)."""
+        return dict(lora.RUN_DEFAULTS) if lora.is_lora_run(cls, config, hparams) else {}
 
     @classmethod
     def check_config(cls, config: RunConfig, hparams: H) -> None:
@@ -142,9 +146,7 @@ class Algorithm(Generic[H]):
 
         Default: LoRA on ``--lora-targets`` when ``lora_rank`` is set, the head (``--head-layers``)
         left trainable."""
-        from pflbench.models.lora import apply_lora, parse_targets
-
-        rank = cls.lora_rank(config, hparams)
+        rank = lora.lora_rank(cls, config, hparams)
         if rank is None:
             return {}
         adapted = apply_lora(

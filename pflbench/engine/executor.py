@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pflbench.config.groups import ExecutorSpec
 from pflbench.data.dataset import FederatedData
 from pflbench.engine.algorithm import ClientProgram
 from pflbench.engine.evaluation import evaluate_heads, head_split
@@ -133,14 +134,14 @@ def _require_ray() -> None:
     require_ray()
 
 
-def make_executor(name: str, model: nn.Module, data: FederatedData, config: object = None) -> Executor:
-    """Build executor ``name``; a class with ``from_config(model, data, config)`` reads its options."""
-    factory: Any = EXECUTORS[name]
+def make_executor(spec: ExecutorSpec, model: nn.Module, data: FederatedData) -> Executor:
+    """Build executor ``spec.kind``; a class with ``from_spec(model, data, spec)`` reads its settings."""
+    factory: Any = EXECUTORS[spec.kind]
     if isinstance(factory, LazyExecutor):
         factory.check()
         factory = factory.load()
-    from_config = getattr(factory, "from_config", None)
-    return from_config(model, data, config) if from_config is not None and config is not None else factory(model, data)
+    from_spec = getattr(factory, "from_spec", None)
+    return from_spec(model, data, spec) if from_spec is not None else factory(model, data)
 
 
 EXECUTORS: dict[str, object] = {

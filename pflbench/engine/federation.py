@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pflbench.config.groups import FederationSpec
 from pflbench.engine.algorithm import Algorithm
 from pflbench.engine.executor import Executor
 from pflbench.engine.metrics import accuracy_metrics
@@ -64,20 +65,25 @@ class Federation:
     rounds (with ``sampling_rng`` and the algorithm's state: what a checkpoint saves)."""
 
     def __init__(
-        self, algorithm: Algorithm, executor: Executor, num_test: Sequence[int], observers: Sequence[RunObserver] = ()
+        self,
+        algorithm: Algorithm,
+        executor: Executor,
+        num_test: Sequence[int],
+        settings: FederationSpec,
+        observers: Sequence[RunObserver] = (),
     ) -> None:
         self.algorithm, self.executor, self.observers = algorithm, executor, list(observers)
-        self.config = algorithm.config
+        self.settings = settings
         self.num_test = np.asarray(num_test)
-        self.sampling_rng = rng_stream(self.config.seed, "sampling")
+        self.sampling_rng = rng_stream(settings.seed, "sampling")
         self.finetune_accuracy: np.ndarray | None = None  # per client, after --finetune-epochs
         self.next_round = 1
         self.bytes_up_total = self.bytes_down_total = 0
-        self.client_accuracy = np.zeros(self.config.num_clients)
+        self.client_accuracy = np.zeros(self.settings.num_clients)
         self.num_train = list(algorithm.num_train)
 
     def sample_clients(self) -> list[int]:
-        k, m = self.config.num_clients, self.config.sampled_per_round
+        k, m = self.settings.num_clients, self.settings.sampled_per_round
         return sorted(int(c) for c in self.sampling_rng.choice(k, size=m, replace=False))
 
     def train_round(self, round_index: int, sampled: list[int]) -> list[ClientUpdate]:
@@ -89,7 +95,7 @@ class Federation:
             ClientJob(
                 k,
                 round_index,
-                derive_seed(self.config.seed, "train", round_index, k),
+                derive_seed(self.settings.seed, "train", round_index, k),
                 algorithm.broadcast(k),
                 algorithm.store.get(k),
             )
@@ -119,7 +125,7 @@ class Federation:
 
     def evaluate(self, round_index: int = 0) -> tuple[dict[str, Any], np.ndarray]:
         """Metrics over all clients' test splits, and each client's accuracy."""
-        algorithm, num_clients = self.algorithm, self.config.num_clients
+        algorithm, num_clients = self.algorithm, self.settings.num_clients
         everyone = tuple(range(num_clients))
         adaptation = algorithm.personalization_program()
         global_correct: np.ndarray | None
@@ -156,9 +162,9 @@ class Federation:
         """Correct test predictions per client of ``program`` run on ``model_of(k)`` over client
         k's train split (through the executor, in chunks so memory stays bounded)."""
         correct = []
-        for start in range(0, self.config.num_clients, PERSONALIZE_CHUNK):
-            clients = list(range(start, min(start + PERSONALIZE_CHUNK, self.config.num_clients)))
-            seeds = [derive_seed(self.config.seed, stream, round_index, k) for k in clients]
+        for start in range(0, self.settings.num_clients, PERSONALIZE_CHUNK):
+            clients = list(range(start, min(start + PERSONALIZE_CHUNK, self.settings.num_clients)))
+            seeds = [derive_seed(self.settings.seed, stream, round_index, k) for k in clients]
             states = personalize(self.executor, program, [model_of(k) for k in clients], clients, seeds, round_index)
             results = self.executor.evaluate(program, [EvalJob(s, (k,)) for s, k in zip(states, clients)])
             correct.extend(results)
@@ -168,7 +174,7 @@ class Federation:
         """``--finetune-epochs E`` (FedAvg-FT protocol): the global model fine-tuned for E epochs on
         each client's train split (the run's local optimizer), tested on the client's test split."""
         algorithm = self.algorithm
-        program = FineTuneProgram(algorithm.layout.trainable, self.config.local_spec, self.config.finetune_epochs)
+        program = FineTuneProgram(algorithm.layout.trainable, self.settings.local, self.settings.finetune_epochs)
         global_state: Tensors = algorithm.global_model()
         correct = self.personalized_correct(program, lambda k: global_state, "finetune", round_index)
         metrics = accuracy_metrics(correct, self.num_test)
@@ -178,8 +184,8 @@ class Federation:
     def run(self) -> np.ndarray:
         """The rounds from ``next_round`` on. Returns the final per-client accuracies; raises
         ``Diverged`` (after the observers saw every earlier round)."""
-        config, algorithm = self.config, self.algorithm
-        for round_index in range(self.next_round, config.rounds + 1):
+        settings, algorithm = self.settings, self.algorithm
+        for round_index in range(self.next_round, settings.rounds + 1):
             started = time.perf_counter()
             sampled = self.sample_clients()
             updates = self.train_round(round_index, sampled)  # trained, checked and aggregated
@@ -198,11 +204,11 @@ class Federation:
             )
             record.update(algorithm.round_diagnostics(updates))
             record["round_time_s"] = time.perf_counter() - started
-            if round_index % config.resolved_eval_every == 0 or round_index == config.rounds:
+            if round_index % settings.eval_every == 0 or round_index == settings.rounds:
                 eval_started = time.perf_counter()
                 metrics, self.client_accuracy = self.evaluate(round_index)
                 record.update(metrics, eval_time_s=time.perf_counter() - eval_started)
-            if round_index == config.rounds and config.finetune_epochs > 0 and algorithm.has_global_model:
+            if round_index == settings.rounds and settings.finetune_epochs > 0 and algorithm.has_global_model:
                 finetune_started = time.perf_counter()
                 record.update(
                     self.finetune_metrics(round_index), finetune_time_s=time.perf_counter() - finetune_started

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pflbench.config.groups import ExecutorSpec
 from pflbench.data.dataset import FederatedData
 from pflbench.engine.algorithm import ClientProgram
 from pflbench.engine.executor import SequentialExecutor
@@ -178,23 +179,23 @@ class RayExecutor:
     name = "ray"
 
     @classmethod
-    def from_config(cls, model: nn.Module, data: FederatedData, config: Any) -> RayExecutor:
+    def from_spec(cls, model: nn.Module, data: FederatedData, spec: ExecutorSpec) -> RayExecutor:
         from pflbench.util.ray_cluster import cluster_cpus, cluster_gpus, connect
 
-        ray = connect(config.ray_address)
+        ray = connect(spec.ray_address)
         use_gpu = data.device.type == "cuda"
         gpus = cluster_gpus(ray)
         if use_gpu and gpus == 0:
-            raise ConfigError(f"--device {config.device} with --executor ray: the Ray cluster has no GPU")
-        if config.ray_workers is not None and config.ray_workers < 1:
-            raise ConfigError(f"--ray-workers must be ≥ 1, got {config.ray_workers}")
-        workers = config.ray_workers or (gpus if use_gpu else cluster_cpus(ray))
+            raise ConfigError(f"--device {spec.device} with --executor ray: the Ray cluster has no GPU")
+        if spec.ray_workers is not None and spec.ray_workers < 1:
+            raise ConfigError(f"--ray-workers must be ≥ 1, got {spec.ray_workers}")
+        workers = spec.ray_workers or (gpus if use_gpu else cluster_cpus(ray))
         available = gpus if use_gpu else cluster_cpus(ray)
         if workers > available:  # more actors than the cluster can place would wait forever
             raise ConfigError(
                 f"--ray-workers {workers}: the Ray cluster has only {available} {'GPUs' if use_gpu else 'CPUs'}"
             )
-        workers = max(1, min(workers, config.sampled_per_round))
+        workers = max(1, min(workers, spec.sampled_per_round))
         return cls(model, data, workers, gpus_per_worker=min(1.0, gpus / workers) if use_gpu else 0.0)
 
     def __init__(

@@ -57,7 +57,7 @@ def unsupported_reason(algorithm, model: nn.Module) -> str | None:
             f"{name} gives each client model state that is not a float parameter or buffer "
             f"({', '.join(odd[:3])}; e.g. per-client LoRA ranks) and cannot be stacked"
         )
-    phases = [[p.trainable for p in program.local_phases(k)] for k in range(algorithm.config.num_clients)]
+    phases = [[p.trainable for p in program.local_phases(k)] for k in range(len(algorithm.num_train))]
     if any(p != phases[0] for p in phases):
         return f"{name}'s clients train different parameter subsets (local_phases differ per client)"
     return None

@@ -24,13 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pflbench.config.defaults import LORA_DEFAULT_RANK, LORA_RUN_DEFAULTS
 from pflbench.errors import ConfigError
 from pflbench.models.zoo import head_parameter_names
-
-# Defaults of a LoRA run and the rank of LoRA algorithms: owned here, stored torch-free in config.
-DEFAULT_RANK = LORA_DEFAULT_RANK
-RUN_DEFAULTS = LORA_RUN_DEFAULTS
 
 
 class LoRALinear(nn.Module):

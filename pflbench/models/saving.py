@@ -33,9 +33,7 @@ its numerical rank, computed in float64). The trained head goes in as peft ``mod
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -44,34 +42,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from pflbench.store.layout import MODELS_DIR
+from pflbench.util.atomic import atomic_write_bytes, atomic_write_json
+
 Tensors = dict[str, torch.Tensor]
 
 FORMATS = {"safetensors": ".safetensors", "torch": ".pt"}
-MODELS_DIR = "models"
 META_FILE = "meta.json"
 PEFT_PREFIX = "base_model.model."
-
-
-# --------------------------------------------------------------------------- atomic writes
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder + ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def _atomic_write_json(path: Path, data: Any) -> None:
-    _atomic_write_bytes(path, (json.dumps(data, indent=2, default=str) + "\n").encode())
 
 
 def _plain(tensors: Mapping[str, torch.Tensor], what: str) -> Tensors:
@@ -105,7 +83,7 @@ def save_tensors(
     metadata: dict[str, str] | None = None,
 ) -> None:
     """Atomically write a ``{name: tensor}`` dict as safetensors or a ``weights_only`` torch file."""
-    _atomic_write_bytes(Path(path), _encode(_plain(tensors, str(path)), fmt, metadata))
+    atomic_write_bytes(Path(path), _encode(_plain(tensors, str(path)), fmt, metadata))
 
 
 def load_tensors(path: str | Path) -> Tensors:
@@ -169,7 +147,7 @@ def save_run_models(
         "client_tensors": sorted({n for state in client_states.values() for n in state}),
         "meta": meta or {},
     }
-    _atomic_write_json(models / META_FILE, record)
+    atomic_write_json(models / META_FILE, record, default=str)
     return models
 
 
@@ -345,5 +323,5 @@ def export_peft_adapter(
         "layers_pattern": None,
     }
     save_tensors(folder / "adapter_model.safetensors", weights, "safetensors", metadata={"format": "pt"})
-    _atomic_write_json(folder / "adapter_config.json", config)
+    atomic_write_json(folder / "adapter_config.json", config, default=str)
     return folder

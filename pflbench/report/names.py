@@ -60,10 +60,10 @@ def display_name(algo: str, renames: Mapping[str, str] | None = None) -> str:
     """``--rename`` first, then the algorithm class's ``display_name``, then the registered name."""
     if renames and algo in renames:
         return renames[algo]
-    try:
-        from pflbench.registry import ALGORITHMS
+    try:  # read from the algorithm's source where it says it: no torch for a table
+        from pflbench.registry import declared_display_name
 
-        declared = getattr(ALGORITHMS.get(algo), "display_name", None)
+        declared = declared_display_name(algo)
     except Exception:  # an unknown or unloadable algorithm still gets a name
         declared = None
     if isinstance(declared, str) and declared.strip():

@@ -27,7 +27,6 @@ import numpy as np
 from pflbench.engine import Federation, Observer
 from pflbench.util.cache import json_safe, load_entry, save_entry
 
-CHECKPOINT_FILE = "checkpoint.pt"
 KIND = "pflbench-checkpoint-v1"
 DEFAULT_EVERY = 10
 
@@ -91,7 +90,7 @@ class CheckpointObserver(Observer):
         if self.claim is not None:
             self.claim.touch()
         round_index = record["round"]
-        if not self.every or round_index % self.every or round_index >= self.federation.config.rounds:
+        if not self.every or round_index % self.every or round_index >= self.federation.settings.rounds:
             return
         started = time.perf_counter()
         self.writer.sync()  # the rounds a checkpoint counts are on disk before it

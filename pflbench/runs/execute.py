@@ -11,14 +11,24 @@ from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from pflbench.config.run_config import identity_hash, run_identity
+from pflbench.config.identity import identity_hash, run_identity
 from pflbench.engine import Diverged, Federation, Observer, RunObserver
 from pflbench.engine.metrics import summarize
 from pflbench.engine.observers import RoundCallback
-from pflbench.runs.checkpoint import CHECKPOINT_FILE, CheckpointObserver
+from pflbench.runs.checkpoint import CheckpointObserver
 from pflbench.runs.start import start_or_resume
 from pflbench.runs.trackers import make_trackers
-from pflbench.store.layout import Claim, RunPaths, guard_run, publish, read_json, writing
+from pflbench.store.layout import (
+    CHECKPOINT_FILE,
+    CONFIG_FILE,
+    SUMMARY_FILE,
+    Claim,
+    RunPaths,
+    guard_run,
+    publish,
+    writing,
+)
+from pflbench.store.reader import read_json
 from pflbench.store.writer import RunWriter
 
 if TYPE_CHECKING:
@@ -101,15 +111,15 @@ def _execute_claimed(
 ) -> dict[str, Any]:
     config = prepared.config
     identity = identity_hash(run_identity(config, type(prepared.algorithm), prepared.algorithm.hparams))
-    done = read_json(paths.work / "summary.json") if resume else None
+    done = read_json(paths.work / SUMMARY_FILE) if resume else None
     if (
         isinstance(done, dict)
         and done.get("status") == "completed"
-        and (read_json(paths.work / "config.json") or {}).get("identity_hash") == identity
+        and (read_json(paths.work / CONFIG_FILE) or {}).get("identity_hash") == identity
     ):
         publish(paths)  # killed between writing summary.json and moving the folder into place
         return done
-    federation = Federation(prepared.algorithm, prepared.executor, prepared.data.num_test)
+    federation = Federation(prepared.algorithm, prepared.executor, prepared.data.num_test, config.federation_spec)
     writer, records, before = start_or_resume(prepared, federation, paths, identity, resume, plugins)
     # trackers write into the work folder (tensorboard/), moved into place with the run
     at_work = SimpleNamespace(config=config, run_dir=paths.work, hparams=prepared.algorithm.hparams)

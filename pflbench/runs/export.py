@@ -25,14 +25,14 @@ import copy
 from pathlib import Path
 from typing import Any
 
-from pflbench.config.run_config import identity_hash, run_identity
+from pflbench.config.identity import identity_hash, run_identity
 from pflbench.models.saving import (
-    MODELS_DIR,
     base_model_state,
     export_peft_adapter,
     save_run_models,
     save_tensors,
 )
+from pflbench.store.layout import MODELS_DIR
 
 SHARED_FILE = "shared.safetensors"
 

@@ -1,17 +1,24 @@
-"""Build a run from a RunConfig, as a straight pipeline of named stages: resolve → validate →
-data → partition → initial weights → model → algorithm → executor (``prepare``). Running it is
-``runs.execute.execute``; ``runs.api.run_experiment`` does both."""
+"""The one pipeline from a RunConfig to a built run, used by ``run``, ``sweep`` and the library:
+``plan_run`` (resolve → validate: no data needed), then ``prepare`` (data → number of clients →
+partition → initial weights → model → algorithm → executor). A sweep checks its whole grid first
+with ``preflight`` (data, partitions and models built once each, no training). Running a built
+run is ``runs.execute.execute``; ``runs.api.run_experiment`` does both."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from pflbench.config import lora
 from pflbench.config.defaults import model_family
-from pflbench.config.run_config import RunConfig, hyperparameters_from, resolve, run_name, validate
+from pflbench.config.identity import partition_identity, run_identity, run_name
+from pflbench.config.run_config import RunConfig, hyperparameters_from, resolve, validate
 from pflbench.data.dataset import FederatedData, TensorDataset, load_dataset
 from pflbench.data.partition import fit_num_clients, make_partition
 from pflbench.engine import EXECUTORS, Algorithm
@@ -46,18 +53,40 @@ def check_model(config: RunConfig, algorithm_class: type[Algorithm], hparams: An
         algorithm_class.configure_model(model, config, hparams)
 
 
-def prepare(
+@dataclass(frozen=True)
+class RunPlan:
+    """A run resolved and validated against everything that needs no data: what ``prepare``
+    builds. ``config`` has every unset setting filled (``applied``: the values filled in)."""
+
+    config: RunConfig
+    algorithm_class: type[Algorithm]
+    hparams: Any
+    applied: dict[str, Any]
+
+    @property
+    def uses_lora(self) -> bool:
+        return lora.is_lora_run(self.algorithm_class, self.config, self.hparams)
+
+    @property
+    def run_dir(self) -> Path:
+        """The run's folder (``num_clients`` fitted first: K is part of the name's hash)."""
+        return Path(self.config.out) / "runs" / run_name(self.config, self.algorithm_class, self.hparams)
+
+    def fitted(self, dataset: TensorDataset | Callable[[], TensorDataset]) -> RunPlan:
+        """This plan with the number of clients set by the one rule (``data.partition.fit_num_clients``)."""
+        return dataclasses.replace(self, config=fit_num_clients(self.config, dataset))
+
+
+def plan_run(
     config: RunConfig,
     algo_options: dict[str, Any] | None = None,
     shared_defaults: dict[str, Any] | None = None,
-    guard: Callable[[Path], None] | None = None,
-) -> PreparedRun:
-    """Resolve, validate and build everything; nothing is written yet.
+) -> RunPlan:
+    """Resolve and validate (stage 1 of every run: ``run``, each cell of a ``sweep``, library calls).
 
     Unset settings (``None``) take the algorithm's run defaults (``Algorithm.run_defaults``), then
-    ``shared_defaults`` (a sweep's), then ``config.BASE_DEFAULTS`` — identically for the CLI,
-    sweeps and library calls. ``guard(run_dir)`` is called as soon as the run's folder is known,
-    before the partition and any pretraining (e.g. ``rundir.guard_run``: refuse a finished run)."""
+    ``shared_defaults`` (a sweep's), then the model family's, then ``config.BASE_DEFAULTS``. Every
+    check that needs no data happens here, so a bad value fails before anything is loaded."""
     algorithm_class = ALGORITHMS.get(config.algo)
     hparams = hyperparameters_from(algorithm_class.hyperparameters, dict(algo_options or {}), config.algo)
     config, applied = resolve(config, algorithm_class, hparams, shared_defaults)
@@ -70,26 +99,68 @@ def prepare(
     if config.executor not in EXECUTORS:
         raise ConfigError(f"--executor {config.executor!r} is not one of: {', '.join(EXECUTORS)}")
     getattr(EXECUTORS[config.executor], "check", lambda: None)()  # e.g. Ray installed
-    lora_rank = algorithm_class.lora_rank(config, hparams)
-    resolved: dict[str, Any] = {
-        "run_defaults": applied,
-        "defaults_family": model_family(config.model),
-        "threads": apply_threads(config.threads),
-    }
     if config.log:
         check_trackers(config.log)  # an unknown tracker or a missing library fails before any work
-    device = resolve_device(config.device)
-    dataset = load_dataset(config.dataset, config.dataset_options())
-    # a preset partition sets K; a --num-clients other than the default must agree with it
-    explicit = {"num_clients"} if config.num_clients != RunConfig.num_clients else set()
-    config = fit_num_clients(config, dataset, explicit)
-    run_dir = Path(config.out) / "runs" / run_name(config, algorithm_class, hparams)
+    resolve_device(config.device)
+    return RunPlan(config, algorithm_class, hparams, applied)
+
+
+def preflight(plans: list[RunPlan]) -> None:
+    """A sweep's cheap check before any run starts: each distinct dataset, partition and
+    (configured) model of ``plans`` is built once, without training, so a bad dataset or model
+    option or an impossible partition refuses the whole grid before any folder is created."""
+    datasets: dict[str, TensorDataset] = {}
+    seen: set[str] = set()
+    for plan in plans:
+        config = plan.config
+        data_key = _key(config.dataset, config.dataset_options())
+        if data_key not in datasets:
+            datasets[data_key] = load_dataset(config.dataset, config.dataset_options())
+        dataset = datasets[data_key]
+        config = plan.fitted(dataset).config
+        partition_key = _key(data_key, partition_identity(config.partition_spec), config.seed)
+        if partition_key not in seen:
+            seen.add(partition_key)
+            make_partition(config.partition_spec, dataset)
+        identity = run_identity(config, plan.algorithm_class, plan.hparams)
+        model_parts = ("algo", "model", "model_options", "head_layers", "algo_hparams")
+        model_key = _key(data_key, {k: v for k, v in identity.items() if k in model_parts or k.startswith("lora")})
+        if model_key not in seen:
+            seen.add(model_key)
+            check_model(config, plan.algorithm_class, plan.hparams, dataset)
+
+
+def _key(*parts: Any) -> str:
+    return json.dumps(parts, sort_keys=True, default=str)
+
+
+def prepare(
+    config: RunConfig | RunPlan,
+    algo_options: dict[str, Any] | None = None,
+    shared_defaults: dict[str, Any] | None = None,
+    guard: Callable[[Path], None] | None = None,
+) -> PreparedRun:
+    """Plan (``plan_run``, unless a plan is given) and build everything; nothing is written yet.
+
+    ``guard(run_dir)`` is called as soon as the run's folder is known, before the partition and
+    any pretraining (e.g. ``store.layout.guard_run``: refuse a finished run)."""
+    plan = config if isinstance(config, RunPlan) else plan_run(config, algo_options, shared_defaults)
+    resolved: dict[str, Any] = {
+        "run_defaults": plan.applied,
+        "defaults_family": model_family(plan.config.model),
+        "threads": apply_threads(plan.config.threads),
+    }
+    device = resolve_device(plan.config.device)
+    dataset = load_dataset(plan.config.dataset, plan.config.dataset_options())
+    plan = plan.fitted(dataset)
+    config, algorithm_class, hparams, uses_lora = plan.config, plan.algorithm_class, plan.hparams, plan.uses_lora
+    run_dir = plan.run_dir
     if guard is not None:
         guard(run_dir)
     split = make_partition(config.partition_spec, dataset)
-    if config.init_spec.pretrains(lora_rank is not None):
+    if config.init_spec.pretrains(uses_lora):
         check_model(config, algorithm_class, hparams, dataset)
-    weights, backbone = initial_weights(config, dataset, split.public, device, lora_rank is not None)
+    weights, backbone = initial_weights(config, dataset, split.public, device, uses_lora)
     torch.manual_seed(derive_seed(config.seed, "init"))
     model = build_model(
         config.model, dataset.input_shape, dataset.num_classes, pretrained=config.pretrained, **config.model_options()
@@ -99,7 +170,7 @@ def prepare(
     model.to(device)
     data = FederatedData(dataset, split.train, split.test, device)
     algorithm = algorithm_class(config, hparams, model, data.num_train)
-    executor = make_executor(config.executor, model, data, config)
+    executor = make_executor(config.executor_spec, model, data)
     check = getattr(executor, "check_algorithm", None)
     if check is not None:  # an executor refuses what it cannot host now, not mid-run
         check(algorithm)

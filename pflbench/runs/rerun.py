@@ -12,7 +12,6 @@ aside): on the CPU they are identical.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 import typing
@@ -21,6 +20,8 @@ from typing import Any
 
 from pflbench.config.run_config import RunConfig, field_types
 from pflbench.errors import ConfigError
+from pflbench.store.layout import CONFIG_FILE, RUNS_DIR
+from pflbench.store.reader import load_json, read_rounds
 
 # Keys of rounds.jsonl that measure the machine, not the run.
 TIMING_KEYS = ("round_time_s", "eval_time_s", "peak_mem_mb", "server_svd_time_s")
@@ -42,15 +43,15 @@ def _tuples(value: Any) -> Any:
     return value
 
 
-def read_run(run_dir: str | Path) -> RecordedRun:
+def read_recorded_run(run_dir: str | Path) -> RecordedRun:
     """The run's settings from ``RUN_DIR/config.json``."""
     run_dir = Path(run_dir)
-    path = run_dir / "config.json"
+    path = run_dir / CONFIG_FILE
     if not path.is_file():
         raise ConfigError(f"{run_dir} is not a run folder: {path.name} is missing")
     try:
-        record = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
+        record = load_json(path)
+    except ValueError as error:
         raise ConfigError(f"cannot read {path}: {error}") from None
     hints = field_types(RunConfig)
     values: dict[str, Any] = {}
@@ -72,7 +73,7 @@ def read_run(run_dir: str | Path) -> RecordedRun:
 def default_rerun_out(run_dir: Path) -> Path:
     """``OUT/reruns/<run name>-<time>`` for a run folder ``OUT/runs/<run name>``."""
     run_dir = run_dir.resolve()
-    out = run_dir.parent.parent if run_dir.parent.name == "runs" else run_dir.parent
+    out = run_dir.parent.parent if run_dir.parent.name == RUNS_DIR else run_dir.parent
     stem = out / "reruns" / f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     path, attempt = stem, 1
     while path.exists():
@@ -90,7 +91,7 @@ def prepare_rerun(
     from pflbench.registry import load_plugin_file
     from pflbench.runs.prepare import prepare
 
-    recorded = read_run(run_dir)
+    recorded = read_recorded_run(run_dir)
     for plugin in recorded.plugins:
         try:
             load_plugin_file(plugin)
@@ -105,24 +106,20 @@ def prepare_rerun(
     }
     if prepared.run_dir.resolve() == recorded.run_dir.resolve():
         raise ConfigError(f"--out {target} would overwrite the original run {recorded.run_dir}; choose another --out")
-    if (prepared.run_dir / "config.json").exists():
+    if (prepared.run_dir / CONFIG_FILE).exists():
         raise ConfigError(f"{prepared.run_dir} already holds a run; choose another --out")
     return prepared, recorded
 
 
-def read_rounds(run_dir: str | Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / "rounds.jsonl"
-    return [
-        {k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS}
-        for line in path.read_text().splitlines()
-        if line.strip()
-    ]
+def _untimed_rounds(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The run's rounds.jsonl records without the keys that measure the machine."""
+    return [{k: v for k, v in record.items() if k not in TIMING_KEYS} for record in read_rounds(Path(run_dir))]
 
 
 def compare_rounds(original: str | Path, rerun: str | Path) -> list[str]:
     """Differences between two runs' ``rounds.jsonl`` (timing keys aside): ``[]`` = identical."""
     try:
-        old, new = read_rounds(original), read_rounds(rerun)
+        old, new = _untimed_rounds(original), _untimed_rounds(rerun)
     except FileNotFoundError as error:
         return [f"missing {error.filename}"]
     problems = []

@@ -14,11 +14,12 @@ import numpy as np
 import torch
 
 from pflbench._version import __version__
-from pflbench.config.run_config import identity_hash, run_identity
+from pflbench.config.identity import identity_hash, run_identity
 from pflbench.engine import Federation
-from pflbench.runs.checkpoint import CHECKPOINT_FILE, load_checkpoint, restore_checkpoint
-from pflbench.store.layout import RunPaths, fresh_work_folder
-from pflbench.store.writer import RunWriter, read_rounds
+from pflbench.runs.checkpoint import load_checkpoint, restore_checkpoint
+from pflbench.store.layout import CHECKPOINT_FILE, RunPaths, fresh_work_folder
+from pflbench.store.reader import read_rounds
+from pflbench.store.writer import RunWriter
 from pflbench.util.cache import warn
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ def start_or_resume(
     if entry is not None:
         tensors, meta = entry
         try:
-            records = read_rounds(paths.work / "rounds.jsonl", meta["records"])
+            records = read_rounds(paths.work, meta["records"])
         except (OSError, ValueError) as problem:
             warn(f"cannot resume {paths.work}: {problem}; starting the run again")
         else:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pflbench.errors import ConfigError
+from pflbench.store.layout import WORK_PREFIX
 
 EXPERIMENT = "pflbench"
 
@@ -227,7 +228,7 @@ def _mlflow(run: Any, options: dict[str, Any]) -> MLflowTracker:
     if not uri:
         uri = default_mlflow_uri(run.run_dir)
         artifacts = (Path(run.run_dir).resolve().parent.parent / "mlartifacts").as_uri()
-    name = Path(run.run_dir).name.removeprefix(".tmp-")  # the runner's work folder: the run's name
+    name = Path(run.run_dir).name.removeprefix(WORK_PREFIX)  # the runner's work folder: the run's name
     return MLflowTracker(uri, name, options.get("mlflow_experiment") or EXPERIMENT, artifacts)
 
 

@@ -1,4 +1,10 @@
-"""Run folders that are always whole: a temporary work folder, a claim per run, one move at the end.
+"""The run-folder format's one owner: file names, and run folders that are always whole (a
+temporary work folder, a claim per run, one move at the end).
+
+``OUT/runs/NAME/`` holds ``CONFIG_FILE``, ``PARTITION_FILE``, ``ROUNDS_FILE``, ``CLIENTS_FILE``,
+``SUMMARY_FILE`` (a finished run), or ``ERROR_FILE`` (a failed one), and ``MODELS_DIR`` with
+``--save-model``; ``CHECKPOINT_FILE`` lives only in the work folder. Every module names these
+files through the constants below; ``store.reader`` reads them, ``store.writer`` writes them.
 
 A run named NAME is built in ``OUT/runs/.tmp-NAME/`` (config.json, partition.json, rounds.jsonl,
 the checkpoint) and moved to ``OUT/runs/NAME/`` with ``os.replace`` only when clients.csv and
@@ -30,6 +36,20 @@ from pathlib import Path
 from typing import Any
 
 from pflbench.errors import ConfigError
+from pflbench.util.atomic import atomic_write_text, fsync_folder
+
+# the files of a run folder
+RUNS_DIR = "runs"  # OUT/runs/NAME
+CONFIG_FILE = "config.json"  # every resolved setting, the run's identity, the environment
+PARTITION_FILE = "partition.json"  # which samples each client holds
+ROUNDS_FILE = "rounds.jsonl"  # one JSON record per round
+CLIENTS_FILE = "clients.csv"  # one row per client at the end
+SUMMARY_FILE = "summary.json"  # written last: a folder with it is a whole run
+ERROR_FILE = "error.json"  # a failed run (a sweep's record of why)
+CHECKPOINT_FILE = "checkpoint.pt"  # in the work folder only, removed when the run completes
+MODELS_DIR = "models"  # --save-model: the final weights
+WORK_PREFIX = ".tmp-"  # OUT/runs/.tmp-NAME: the run being written
+OLD_PREFIX = ".old-"  # OUT/runs/.old-NAME-<pid>: a finished result being replaced
 
 CLAIM_STALE_S = 3600.0  # a claim from another host untouched this long is stale
 CLAIM_SUFFIX = ".claim"
@@ -107,7 +127,7 @@ class RunPaths:
 
     @property
     def work(self) -> Path:
-        return self.final.with_name(f".tmp-{self.name}")
+        return self.final.with_name(WORK_PREFIX + self.name)
 
     @property
     def claim(self) -> Path:
@@ -115,10 +135,13 @@ class RunPaths:
 
     def finished(self) -> dict[str, Any] | None:
         """The finished run's summary (a folder with a readable summary.json), else None."""
-        return read_json(self.final / "summary.json")
+        return _read_protocol_json(self.final / SUMMARY_FILE)
 
 
-def read_json(path: Path) -> Any:
+def _read_protocol_json(path: Path) -> Any:
+    """A claim file, or the summary that tells whether a run is finished; None when missing or
+    unreadable. (The protocol's own read: ``store.reader`` reads run folders and imports this
+    module's names, so this module cannot import it.)"""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
@@ -157,7 +180,7 @@ def _owner_alive(info: dict[str, Any]) -> bool:
 
 def claim_owner(paths: RunPaths) -> dict[str, Any] | None:
     """The live owner of the run's claim (its JSON), or None when unclaimed or stale."""
-    info = read_json(paths.claim)
+    info = _read_protocol_json(paths.claim)
     try:
         age = time.time() - paths.claim.stat().st_mtime
     except FileNotFoundError:
@@ -194,17 +217,12 @@ class Claim:
             }
         )
         for _ in range(5):
-            handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
             try:
-                with os.fdopen(handle, "w") as file:
-                    file.write(body)
-                os.link(temporary, path)  # atomic; fails if a claim exists
+                atomic_write_text(path, body, exclusive=True)  # fails if a claim exists
                 self.held = True
                 return
             except FileExistsError:
                 pass
-            finally:
-                Path(temporary).unlink(missing_ok=True)
             owner = claim_owner(self.paths)
             if owner is not None:
                 raise RunClaimed(
@@ -216,13 +234,13 @@ class Claim:
 
     def _take_over_stale(self) -> None:
         """Move a stale claim aside; if another process replaced it meanwhile, put theirs back."""
-        stale = read_json(self.paths.claim)
+        stale = _read_protocol_json(self.paths.claim)
         aside = self.paths.claim.with_name(f".{self.paths.claim.name}.stale-{os.getpid()}")
         try:
             os.replace(self.paths.claim, aside)
         except FileNotFoundError:
             return
-        if read_json(aside) != stale:  # we moved a fresh claim: give it back
+        if _read_protocol_json(aside) != stale:  # we moved a fresh claim: give it back
             try:
                 os.link(aside, self.paths.claim)
             except FileExistsError:
@@ -238,7 +256,7 @@ class Claim:
 
     def release(self) -> None:
         if self.held:
-            info = read_json(self.paths.claim)
+            info = _read_protocol_json(self.paths.claim)
             if isinstance(info, dict) and info.get("pid") == os.getpid():
                 self.paths.claim.unlink(missing_ok=True)
             self.held = False
@@ -284,7 +302,7 @@ def publish(paths: RunPaths) -> None:
     """Move the finished work folder into place; an earlier folder is deleted only afterwards."""
     old = None
     if paths.final.exists():
-        old = paths.final.with_name(f".old-{paths.name}-{os.getpid()}")
+        old = paths.final.with_name(f"{OLD_PREFIX}{paths.name}-{os.getpid()}")
         if old.exists():
             shutil.rmtree(old)
         os.replace(paths.final, old)
@@ -294,22 +312,9 @@ def publish(paths: RunPaths) -> None:
         if old is not None:  # put the earlier result back
             os.replace(old, paths.final)
         raise
-    _fsync_folder(paths.final.parent)
+    fsync_folder(paths.final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _fsync_folder(folder: Path) -> None:
-    try:
-        handle = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(handle)
-    except OSError:
-        pass
-    finally:
-        os.close(handle)
 
 
 def recover(paths: RunPaths) -> None:
@@ -317,8 +322,8 @@ def recover(paths: RunPaths) -> None:
     (``.old-NAME-<pid>``) and no ``NAME``: put it back."""
     if paths.final.exists():
         return
-    for old in sorted(paths.final.parent.glob(f".old-{paths.name}-*")):
-        if (old / "summary.json").is_file():
+    for old in sorted(paths.final.parent.glob(f"{OLD_PREFIX}{paths.name}-*")):
+        if (old / SUMMARY_FILE).is_file():
             try:
                 os.replace(old, paths.final)
             except OSError:

@@ -1,4 +1,5 @@
-"""Reading run folders into the leaderboard's tidy frame, each run counted once.
+"""Reading run folders (the one reader of their files: ``read_json``, ``load_json``,
+``read_rounds``, ``read_run``), and the leaderboard's tidy frame, each run counted once.
 
 A run is identified by what determines its numbers — ``config.json`` without the keys that
 only say where, when, how and with which versions it ran (``RUN_IDENTITY_EXCLUDED``) — not by
@@ -18,11 +19,13 @@ import math
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from pflbench.errors import ConfigError
+from pflbench.store.layout import CONFIG_FILE, ERROR_FILE, OLD_PREFIX, ROUNDS_FILE, RUNS_DIR, SUMMARY_FILE
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 GRID_AXES = ("algo", "dataset", "alpha", "seed")
 COLUMNS = ("run", "algo", "dataset", "alpha", "seed", "round", "metric", "value", "config_key", "status")
@@ -57,14 +60,14 @@ def find_run_folders(paths: Iterable[str | Path], warn: Callable[[str], None] | 
     for path in map(Path, paths):
         if not path.is_dir():
             raise ConfigError(f"{path} is not a folder")
-        if (path / "config.json").is_file() or (path / "error.json").is_file():
+        if (path / CONFIG_FILE).is_file() or (path / ERROR_FILE).is_file():
             folders.append(path)
             continue
-        parent = path / "runs" if (path / "runs").is_dir() else path
+        parent = path / RUNS_DIR if (path / RUNS_DIR).is_dir() else path
         try:
             # .old-*: a finished run being replaced by --force (the runner restores or deletes it);
             # .tmp-*: a run in progress or killed, reported as unfinished
-            folders.extend(sorted(p for p in parent.iterdir() if p.is_dir() and not p.name.startswith(".old-")))
+            folders.extend(sorted(p for p in parent.iterdir() if p.is_dir() and not p.name.startswith(OLD_PREFIX)))
         except OSError as error:
             if warn is None:
                 raise ConfigError(f"cannot read {parent}: {error.strerror or error}") from None
@@ -72,7 +75,18 @@ def find_run_folders(paths: Iterable[str | Path], warn: Callable[[str], None] | 
     return folders
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
+    """The JSON in ``path``; None when it is missing or unreadable (e.g. a summary.json that a
+    killed run left half written, or none yet)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def load_json(path: Path) -> Any:
+    """The JSON in ``path``; ValueError saying what is wrong (missing, too large, unreadable,
+    nested too deeply), for a reader that reports each bad folder."""
     try:
         if path.stat().st_size > MAX_JSON_BYTES:
             raise ValueError(f"{path.name} is larger than {MAX_JSON_BYTES // 2**20} MiB")
@@ -85,10 +99,23 @@ def _read_json(path: Path) -> Any:
         raise ValueError(f"{path.name} is nested too deeply") from None
 
 
+def read_rounds(folder: Path, count: int | None = None) -> list[dict[str, Any]]:
+    """The records of ``folder``'s rounds.jsonl (blank lines skipped); ``count``: its first
+    ``count`` lines (a resumed run's earlier rounds), ValueError if it holds fewer."""
+    path = Path(folder) / ROUNDS_FILE
+    lines = path.read_text().splitlines()
+    if count is None:
+        return [json.loads(line) for line in lines if line.strip()]
+    lines = lines[:count]
+    if len(lines) < count:
+        raise ValueError(f"{path} has {len(lines)} complete rounds, the checkpoint counts {count}")
+    return [json.loads(line) for line in lines]
+
+
 def _failure(folder: Path) -> str:
     """Why a folder has no summary.json: its error.json, or unfinished."""
     try:
-        error = _read_json(folder / "error.json")
+        error = load_json(folder / ERROR_FILE)
         return f"failed run ({str(error.get('error_type'))[:200]}: {str(error.get('message'))[:500]})"
     except (ValueError, AttributeError):
         return "unfinished run (no summary.json)"
@@ -158,19 +185,18 @@ def run_status(summary: dict[str, Any]) -> str | None:
 
 def read_run(folder: Path) -> tuple[str, str | None, list[tuple[Any, ...]]]:
     """(identity, status, tidy rows) of one finished run folder; ValueError if unfinished or malformed."""
-    if not (folder / "summary.json").is_file():
+    if not (folder / SUMMARY_FILE).is_file():
         raise ValueError(_failure(folder))
-    config, summary = _read_json(folder / "config.json"), _read_json(folder / "summary.json")
+    config, summary = load_json(folder / CONFIG_FILE), load_json(folder / SUMMARY_FILE)
     if not isinstance(config, dict) or not isinstance(summary, dict):
         raise ValueError("config.json or summary.json is not a JSON object")
     if not isinstance(config.get("algo_hparams", {}), (dict, type(None))):
         raise ValueError("config.json: algo_hparams is not an object")
     head_values = _grid_values(flat_config(config))
     try:
-        if (folder / "rounds.jsonl").stat().st_size > MAX_ROUNDS_BYTES:
+        if (folder / ROUNDS_FILE).stat().st_size > MAX_ROUNDS_BYTES:
             raise ValueError(f"rounds.jsonl is larger than {MAX_ROUNDS_BYTES // 2**20} MiB")
-        lines = (folder / "rounds.jsonl").read_text().splitlines()
-        records = [json.loads(line) for line in lines if line.strip()]
+        records = read_rounds(folder)
         key = json.dumps(setting_of(config), sort_keys=True, default=str)
         identity = run_identity(config)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -203,6 +229,8 @@ def load_runs(
 ) -> pd.DataFrame:
     """Every finished run under ``paths``, each once, as one tidy frame; the others are skipped
     with a warning (``include_abnormal``: runs whose status is not normal are kept, flagged)."""
+    import pandas as pd  # here, not above: a run reads its own folder without loading pandas
+
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     readable: list[tuple[Path, str, str | None, list[tuple[Any, ...]]]] = []
     for folder in find_run_folders(paths, warn):

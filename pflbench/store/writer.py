@@ -1,4 +1,5 @@
-"""One folder per run: config.json, partition.json, rounds.jsonl, clients.csv, summary.json.
+"""Writing a run folder's files (the one writer; their names are ``store.layout``'s): config.json,
+partition.json, rounds.jsonl, clients.csv, summary.json, and any JSON file (``write_json``).
 
 The writer fills the run's work folder (``rundir``: ``OUT/runs/.tmp-NAME``), which is moved to
 ``OUT/runs/NAME`` once summary.json is written: a folder with summary.json is a whole run.
@@ -14,6 +15,9 @@ import os
 import re
 from pathlib import Path
 from typing import Any
+
+from pflbench.store.layout import CLIENTS_FILE, CONFIG_FILE, PARTITION_FILE, ROUNDS_FILE, SUMMARY_FILE
+from pflbench.util.atomic import atomic_write_json
 
 
 def _clean(value: Any) -> Any:
@@ -32,18 +36,7 @@ def _clean(value: Any) -> Any:
 def write_json(path: Path, data: Any) -> None:
     """Atomically (a uniquely named temporary file, fsync, ``os.replace``): concurrent writers
     of one file never interleave, a reader never sees half a file."""
-    from pflbench.util.cache import atomic_write
-
-    text = (json.dumps(_clean(data), indent=2, sort_keys=False) + "\n").encode()
-    atomic_write(Path(path), lambda file: file.write(text))
-
-
-def read_rounds(path: Path, count: int) -> list[dict[str, Any]]:
-    """The first ``count`` records of a rounds.jsonl (a resumed run's earlier rounds)."""
-    lines = path.read_text().splitlines()[:count]
-    if len(lines) < count:
-        raise ValueError(f"{path} has {len(lines)} complete rounds, the checkpoint counts {count}")
-    return [json.loads(line) for line in lines]
+    atomic_write_json(Path(path), _clean(data))
 
 
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:[^\s/'\"]+/)*[^\s/'\",;)\]]+/?")
@@ -68,7 +61,7 @@ class RunWriter:
     def __init__(self, run_dir: Path, keep_rounds: int | None = None, portable: bool = False) -> None:
         self.run_dir, self.portable = run_dir, portable
         run_dir.mkdir(parents=True, exist_ok=True)
-        rounds = run_dir / "rounds.jsonl"
+        rounds = run_dir / ROUNDS_FILE
         if keep_rounds is None:
             self._rounds = open(rounds, "w")
         else:
@@ -78,10 +71,10 @@ class RunWriter:
             self._rounds.flush()
 
     def write_config(self, config: dict[str, Any]) -> None:
-        write_json(self.run_dir / "config.json", without_local_paths(config) if self.portable else config)
+        write_json(self.run_dir / CONFIG_FILE, without_local_paths(config) if self.portable else config)
 
     def write_partition(self, partition: dict[str, Any]) -> None:
-        write_json(self.run_dir / "partition.json", partition)
+        write_json(self.run_dir / PARTITION_FILE, partition)
 
     def write_round(self, record: dict[str, Any]) -> None:
         self._rounds.write(json.dumps(_clean(record)) + "\n")
@@ -93,14 +86,14 @@ class RunWriter:
             os.fsync(self._rounds.fileno())
 
     def write_clients(self, rows: list[dict[str, Any]]) -> None:
-        with open(self.run_dir / "clients.csv", "w", newline="") as handle:
+        with open(self.run_dir / CLIENTS_FILE, "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(_clean(rows))
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         self.close()
-        write_json(self.run_dir / "summary.json", without_local_paths(summary) if self.portable else summary)
+        write_json(self.run_dir / SUMMARY_FILE, without_local_paths(summary) if self.portable else summary)
 
     def close(self) -> None:
         if not self._rounds.closed:

@@ -11,18 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pflbench.config.run_config import (
-    RunConfig,
-    field_types,
-    hyperparameters_from,
-    resolve,
-    run_identity,
-    run_name,
-    validate,
-)
+from pflbench.config import lora
+from pflbench.config.run_config import RunConfig, field_types, hyperparameters_from
+from pflbench.data.dataset import load_dataset
 from pflbench.errors import ConfigError
 from pflbench.registry import ALGORITHMS, DATASETS
-from pflbench.runs.prepare import resolve_device
+from pflbench.runs.prepare import plan_run, preflight
 
 GRID_FIELDS = ("algo", "dataset", "alpha", "seed")
 
@@ -175,12 +169,10 @@ def expand_grid(base: RunConfig, grid: Grid) -> list[SweepRun]:
     × its own hyperparameter axes (a hyperparameter only multiplies the algorithms that have it).
 
     Each cell is resolved like a single run (``config.resolve`` with its own hyperparameters).
-    When any cell is a LoRA run, ``lora.RUN_DEFAULTS`` also fill the unset options of *every*
+    When any cell is a LoRA run, ``config.lora.RUN_DEFAULTS`` also fill the unset options of *every*
     other cell, so all runs share the model and the public hold-out (the same client data).
     ``--finetune-epochs`` applies to the algorithms with a global model (the others run without it).
     """
-    from pflbench.models.lora import RUN_DEFAULTS
-
     for name in grid.datasets:
         DATASETS.get(name)
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
@@ -202,63 +194,29 @@ def expand_grid(base: RunConfig, grid: Grid) -> list[SweepRun]:
                     config = dataclasses.replace(config, finetune_epochs=0)
                 hparams = hyperparameters_from(hyperparameter_classes[algo], algo_values, algo)
                 cells.append((config, hparams, run_values, algo_values))
-    any_lora = any(ALGORITHMS.get(c.algo).lora_rank(c, h) is not None for c, h, _, _ in cells)
+    any_lora = any(lora.is_lora_run(ALGORITHMS.get(c.algo), c, h) for c, h, _, _ in cells)
     runs: dict[str, SweepRun] = {}
-    for config, hparams, run_values, algo_values in cells:
-        algorithm = ALGORITHMS.get(config.algo)
-        config, _ = resolve(config, algorithm, hparams, RUN_DEFAULTS if any_lora else None)
-        validate(config)
-        algorithm.check_config(config, hparams)
-        resolve_device(config.device)
-        name = run_name(config, algorithm, hparams)
-        runs.setdefault(name, SweepRun(config, algo_values, {**run_values, **algo_values}, name))
+    datasets: dict[str, Any] = {}
+
+    def dataset_of(config: RunConfig) -> Callable[[], Any]:  # loaded only when K depends on the data
+        key = json.dumps([config.dataset, config.dataset_options()], sort_keys=True, default=str)
+        return lambda: (
+            datasets.get(key) or datasets.setdefault(key, load_dataset(config.dataset, config.dataset_options()))
+        )
+
+    for config, _, run_values, algo_values in cells:
+        plan = plan_run(config, algo_values, lora.RUN_DEFAULTS if any_lora else None)  # as a single run
+        plan = plan.fitted(dataset_of(plan.config))  # the run's name holds K
+        runs.setdefault(
+            plan.run_dir.name, SweepRun(plan.config, algo_values, {**run_values, **algo_values}, plan.run_dir.name)
+        )
     return list(runs.values())
 
 
 def check_grid(runs: list[SweepRun]) -> None:
-    """Build each distinct dataset, partition and (configured) model of the grid once, without
-    training, so a bad dataset/model option or an impossible partition refuses the whole grid
-    before any folder is created."""
-    from pflbench.data.dataset import load_dataset
-    from pflbench.data.partition import fit_num_clients, make_partition
-    from pflbench.runs.prepare import check_model
-
-    datasets: dict[str, Any] = {}
-    seen: set[str] = set()
-    for run in runs:
-        config = run.config
-        data_key = json.dumps([config.dataset, config.dataset_options()], sort_keys=True, default=str)
-        if data_key not in datasets:
-            datasets[data_key] = load_dataset(config.dataset, config.dataset_options())
-        dataset = datasets[data_key]
-        explicit = {"num_clients"} if config.num_clients != RunConfig.num_clients else set()
-        config = fit_num_clients(config, dataset, explicit)
-        algorithm = ALGORITHMS.get(config.algo)
-        hparams = hyperparameters_from(algorithm.hyperparameters, dict(run.algo_options), config.algo)
-        identity = run_identity(config, algorithm, hparams)
-        partition_key = json.dumps(
-            [data_key, config.partition_spec.identity(), config.seed, config.partition_file],
-            sort_keys=True,
-            default=str,
-        )
-        if partition_key not in seen:
-            seen.add(partition_key)
-            make_partition(config, dataset)
-        model_key = json.dumps(
-            [
-                data_key,
-                {
-                    k: v
-                    for k, v in identity.items()
-                    if k in ("algo", "model", "model_options", "head_layers", "algo_hparams") or k.startswith("lora")
-                },
-            ],
-            sort_keys=True,
-            default=str,
-        )
-        if model_key not in seen:
-            seen.add(model_key)
-            check_model(config, algorithm, hparams, dataset)
+    """The grid's preflight (``runs.prepare.preflight``): each distinct dataset, partition and
+    model built once without training, so bad options refuse the grid before any folder exists."""
+    preflight([plan_run(run.config, run.algo_options) for run in runs])
 
 
 TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes", "on"), ("false", "0", "no", "off")

@@ -18,6 +18,7 @@ from typing import Any
 from pflbench.config.run_config import (
     RunConfig,
 )
+from pflbench.store.layout import SUMMARY_FILE
 from pflbench.sweeps.grid import (
     Grid,
     SweepRun,
@@ -52,7 +53,7 @@ def run_sweep(
 
     todo = []
     for index, run in enumerate(runs):
-        if (run.run_dir / "summary.json").is_file():
+        if (run.run_dir / SUMMARY_FILE).is_file():
             run.status = "skipped"
             finished(index, run, None)
         elif jobs > 1:

@@ -6,9 +6,14 @@ CPUs and ``--gpus-per-run`` GPUs, so Ray runs as many at once as the cluster hol
 
 A task runs the run into a temporary folder on its worker (workers need not share the driver's
 filesystem: plugin files travel as their source) and returns the run folder's files as bytes;
-the driver writes them into ``OUT/runs/<name>/``, ``summary.json`` last, so the folder is the one
-a local sweep writes (the summary's ``run_dir`` and config.json's ``command`` are the driver's).
-The sweep record names the node each run ran on (``worker``).
+the driver publishes them as a local run does (``store.layout``): it claims each run
+(``OUT/runs/NAME.claim``) before submitting its task and holds the claim (touched while it waits)
+until the result is in place, writes the files into the work folder ``OUT/runs/.tmp-NAME``
+(``summary.json`` last) and moves it to ``OUT/runs/NAME`` in one ``os.replace``. So the folder is
+the one a local sweep writes (the summary's ``run_dir`` and config.json's ``command`` are the
+driver's), a driver killed while writing leaves no half-written ``OUT/runs/NAME``, a concurrent
+local sweep or run skips the runs the driver holds, and the driver skips (status ``claimed``)
+the runs another live process holds. The sweep record names the node each run ran on (``worker``).
 
 Exactly once: each run is submitted once, by the one driver that owns the sweep record. A task
 whose worker dies (process killed, node lost) is re-executed by Ray (``max_retries``); a lost
@@ -21,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import sys
 import tempfile
 import traceback
@@ -31,10 +35,23 @@ from typing import Any
 
 from pflbench.config.run_config import RunConfig
 from pflbench.errors import ConfigError
+from pflbench.store.layout import (
+    ERROR_FILE,
+    RUNS_DIR,
+    SUMMARY_FILE,
+    Claim,
+    RunClaimed,
+    RunFinished,
+    RunPaths,
+    fresh_work_folder,
+    guard_run,
+    publish,
+    writing,
+)
 from pflbench.store.writer import write_json
 
 TASK_RETRIES = 3  # re-executions of a run whose worker died
-STALE_FILES = ("error.json", "summary.json", "rounds.jsonl", "clients.csv")
+CLAIM_TOUCH_S = 60.0  # the driver touches the claims it holds at least this often
 _LOADED_PLUGINS: dict[str, str] = {}  # source sha256 -> path loaded in this worker process
 
 
@@ -85,7 +102,7 @@ def run_task(
     from pflbench.runs.prepare import prepare
 
     torch.set_num_threads(max(1, threads))
-    out_run_dir = Path(config.out) / "runs" / name  # where the driver will put it
+    out_run_dir = Path(config.out) / RUNS_DIR / name  # where the driver will put it
     node = ray.get_runtime_context().get_node_id()
     worker = f"{socket.gethostname()} (node {node[:8]})"
     result: dict[str, Any] = {"status": "done", "summary": None, "error": None, "files": {}, "worker": worker}
@@ -98,7 +115,7 @@ def run_task(
             prepared.run_dir = run_dir
             summary = execute(prepared, plugins=plugins)
             summary["run_dir"] = str(out_run_dir)
-            write_json(run_dir / "summary.json", summary)
+            write_json(run_dir / SUMMARY_FILE, summary)
             result["summary"] = summary
         except Exception as error:  # as a local sweep: recorded, the sweep goes on
             result.update(
@@ -118,33 +135,71 @@ def run_task(
     return result
 
 
-def write_run_files(run_dir: Path, files: dict[str, bytes]) -> None:
-    """The worker's run folder into ``run_dir``; summary.json last and atomically."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for stale in STALE_FILES:
-        (run_dir / stale).unlink(missing_ok=True)
-    for relative, content in sorted(files.items(), key=lambda item: item[0] == "summary.json"):
-        target = run_dir / relative
+def write_run_files(folder: Path, files: dict[str, bytes]) -> None:
+    """The worker's run folder's files into ``folder`` (the claimed work folder), summary.json
+    last: a work folder with summary.json holds the whole run."""
+    for relative, content in sorted(files.items(), key=lambda item: item[0] == SUMMARY_FILE):
+        target = folder / relative
         target.parent.mkdir(parents=True, exist_ok=True)
-        temporary = target.with_name(target.name + ".tmp")
-        temporary.write_bytes(content)
-        os.replace(temporary, target)
+        target.write_bytes(content)
 
 
 def accept(run: Any, result: dict[str, Any]) -> dict[str, Any] | None:
-    """Write one task's result into the driver's ``--out``; returns the summary (None if failed)."""
-    write_run_files(run.run_dir, result["files"])
-    run.worker = result.get("worker")
-    if result["status"] == "done":
-        run.status = "done"
-        return result["summary"]
-    error = result["error"]
-    run.status, run.error = "failed", f"{error['error_type']}: {error['message']}"
-    write_json(
-        run.run_dir / "error.json",
-        {**error, "config": {**dataclasses.asdict(run.config), "algo_options": run.algo_options}},
-    )
+    """Publish one task's result as ``OUT/runs/NAME`` (the caller holds the run's claim): its
+    files, and ``error.json`` for a failed run, into a fresh work folder ``.tmp-NAME``, then one
+    move into place. Returns the summary (None if failed)."""
+    paths = RunPaths(run.run_dir)
+    with writing(paths.work):  # a full disk: "cannot write FILE: reason"
+        work = fresh_work_folder(paths)
+        write_run_files(work, result["files"])
+        run.worker = result.get("worker")
+        if result["status"] == "done":
+            run.status = "done"
+            publish(paths)
+            return result["summary"]
+        error = result["error"]
+        run.status, run.error = "failed", f"{error['error_type']}: {error['message']}"
+        write_json(
+            work / ERROR_FILE,
+            {**error, "config": {**dataclasses.asdict(run.config), "algo_options": run.algo_options}},
+        )
+        publish(paths)
     return None
+
+
+def claim_runs(runs: list[Any], report: Callable[[int, Any, dict[str, Any] | None], None] | None) -> dict[int, Claim]:
+    """This driver's claims on the unfinished runs, by grid index (as ``execute`` claims a local
+    run): a finished run is ``skipped``, one that another live process holds is ``claimed``."""
+    claims: dict[int, Claim] = {}
+    try:
+        for index, run in enumerate(runs):
+            paths = RunPaths(run.run_dir)
+            claim = Claim(paths)
+            try:
+                if (paths.final / SUMMARY_FILE).is_file():  # as a local sweep skips it
+                    raise RunFinished(f"{paths.final} is finished")
+                guard_run(paths, force=False)
+                claim.acquire()
+                claims[index] = claim
+                guard_run(paths, force=False, check_claim=False)  # finished by another process meanwhile?
+                continue
+            except RunFinished:
+                claims.pop(index, claim).release()
+                run.status = "skipped"
+            except RunClaimed as error:
+                run.status, run.error = "claimed", str(error)
+            if report is not None:
+                report(index, run, None)
+    except BaseException:
+        release_all(claims)
+        raise
+    return claims
+
+
+def release_all(claims: dict[int, Claim]) -> None:
+    for claim in claims.values():
+        claim.release()
+    claims.clear()
 
 
 def run_sweep_on_ray(
@@ -178,40 +233,34 @@ def run_sweep_on_ray(
     )
     record.parent.mkdir(parents=True, exist_ok=True)
     pending: dict[Any, int] = {}
-    todo = []
-    for index, run in enumerate(runs):
-        if (run.run_dir / "summary.json").is_file():
-            run.status = "skipped"
-            if report is not None:
-                report(index, run, None)
-        else:
-            todo.append((index, run))
-    for index, run in dispatch_order(todo):  # Ray starts queued tasks in submission order
-        pending[
-            task.remote(run.config, run.algo_options, run.name, sources, plugins, sys.argv, max(1, int(cpus_per_run)))
-        ] = index
-    _write_record(record, grid, base, runs)
+    claims: dict[int, Claim] = {}
     try:
-        while pending:
-            (ref,), _ = ray.wait(list(pending), num_returns=1)
-            run = runs[pending.pop(ref)]
-            try:
-                summary = accept(run, ray.get(ref))
-            except RayError as error:  # the task's retries are spent (worker or node lost)
-                summary, run.status, run.error = None, "failed", f"{type(error).__name__}: {error}"
-                run.run_dir.mkdir(parents=True, exist_ok=True)
-                write_json(
-                    run.run_dir / "error.json",
-                    {
-                        "error_type": type(error).__name__,
-                        "message": str(error),
-                        "traceback": "",
-                        "config": {**dataclasses.asdict(run.config), "algo_options": run.algo_options},
-                    },
+        claims = claim_runs(runs, report)
+        for index, run in dispatch_order([(i, runs[i]) for i in claims]):  # Ray starts tasks in submission order
+            pending[
+                task.remote(
+                    run.config, run.algo_options, run.name, sources, plugins, sys.argv, max(1, int(cpus_per_run))
                 )
+            ] = index
+        _write_record(record, grid, base, runs)
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=CLAIM_TOUCH_S)
+            for claim in claims.values():  # the heartbeat that keeps other hosts off these runs
+                claim.touch()
+            if not ready:
+                continue
+            index = pending.pop(ready[0])
+            run = runs[index]
+            try:
+                result = ray.get(ready[0])
+            except RayError as error:  # the task's retries are spent (worker or node lost)
+                problem = {"error_type": type(error).__name__, "message": str(error), "traceback": ""}
+                result = {"status": "failed", "error": problem, "files": {}, "worker": None}
+            summary = accept(run, result)
+            claims.pop(index).release()
             _write_record(record, grid, base, runs)
             if report is not None:
-                report(runs.index(run), run, summary)
+                report(index, run, summary)
     except KeyboardInterrupt:
         for ref, index in pending.items():
             ray.cancel(ref, force=True)
@@ -219,5 +268,6 @@ def run_sweep_on_ray(
         _write_record(record, grid, base, runs)
         raise
     finally:
+        release_all(claims)
         if disconnect:  # explicitly: 0.3 s, where Ray's exit handler takes ~1.5 s
             ray.shutdown()

@@ -6,7 +6,7 @@ from typing import Any
 
 from pflbench.runs.execute import RunDiverged, execute
 from pflbench.runs.prepare import prepare
-from pflbench.store.layout import RunClaimed, RunFinished, RunPaths, guard_run
+from pflbench.store.layout import ERROR_FILE, RunClaimed, RunFinished, RunPaths, guard_run
 from pflbench.sweeps.grid import (
     SweepRun,
 )
@@ -15,7 +15,7 @@ from pflbench.sweeps.record import write_error
 
 def run_one(run: SweepRun, plugins: tuple[str, ...]) -> dict[str, Any]:
     """Run (or resume from its checkpoint) one cell of the grid."""
-    (run.run_dir / "error.json").unlink(missing_ok=True)
+    (run.run_dir / ERROR_FILE).unlink(missing_ok=True)
     guard = lambda run_dir: guard_run(RunPaths(run_dir), force=False)  # noqa: E731
     return execute(prepare(run.config, run.algo_options, guard=guard), plugins=plugins, resume=True)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from pflbench.config.run_config import (
     RunConfig,
 )
+from pflbench.store.layout import ERROR_FILE
 from pflbench.store.writer import write_json
 from pflbench.sweeps.grid import (
     GRID_FIELDS,
@@ -55,7 +56,7 @@ def write_error(run: SweepRun, error: BaseException) -> None:
     """``error.json`` in the run folder: type, message, traceback and the run's settings."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
     write_json(
-        run.run_dir / "error.json",
+        run.run_dir / ERROR_FILE,
         {
             "error_type": type(error).__name__,
             "message": str(error),

@@ -8,25 +8,24 @@ names, dtypes, shapes and bytes plus the rest of the metadata; it is checked on 
 
 A truncated, bit-flipped, unreadable or foreign entry is reported in one ``warning:`` line on
 stderr naming the file, deleted, and ``load_entry`` returns None so the caller rebuilds it.
-Writes are atomic: a temporary file in the same folder, fsync, ``os.replace``; a killed writer
-leaves at most a ``*.tmp`` file that is never read as an entry.
+Writes are atomic (``pflbench.util.atomic``): a temporary file in the same folder, fsync,
+``os.replace``; a killed writer leaves at most a ``*.tmp`` file that is never read as an entry,
+deleted by the next write of the entry once it is clearly abandoned.
 """
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
-import os
 import pickle
 import sys
-import tempfile
-import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from pflbench.util.atomic import atomic_write, remove_stale_temporaries
 
 HASH_KEY = "sha256"
 
@@ -65,32 +64,6 @@ def json_safe(value: Any) -> bool:
         return False
 
 
-def atomic_write(path: Path, write: Any) -> None:
-    """Call ``write(file)`` on a temporary file next to ``path``, fsync it, and move it into place."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    try:  # make the rename itself durable; not every platform lets a folder be opened
-        folder = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(folder)
-    except OSError:
-        pass
-    finally:
-        os.close(folder)
-
-
 def save_entry(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> str:
     """Write a verified entry atomically; returns its content hash. ``meta`` must be JSON-safe."""
     if not json_safe(meta):
@@ -100,18 +73,6 @@ def save_entry(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any
     atomic_write(Path(path), lambda file: torch.save({"state_dict": tensors, "meta": meta}, file))
     remove_stale_temporaries(Path(path))
     return meta[HASH_KEY]
-
-
-def remove_stale_temporaries(path: Path, older_than_s: float = 3600.0) -> None:
-    """Delete temporary files of ``path`` left by writers killed over ``older_than_s`` ago
-    (younger ones may belong to a writer still at work)."""
-    now = time.time()
-    for temporary in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
-        try:
-            if now - temporary.stat().st_mtime > older_than_s:
-                temporary.unlink()
-        except OSError:
-            pass
 
 
 def _read(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

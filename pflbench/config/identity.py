@@ -1,0 +1,148 @@
+"""What a run reads, and so what identifies it: the one owner of "which settings count".
+
+A setting is part of a run's identity (its folder hash, its sweep and leaderboard keys) exactly
+when the resolved run reads it; a setting given explicitly that the run would not read is refused
+as inert (``inert_settings``), never recorded as if it applied. For the partition, what is read is
+decided from the partitioner's own signature (``partition_settings``): a plugin partitioner whose
+function takes ``alpha`` reads ``--alpha``, whatever its name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import json
+from typing import Any
+
+from pflbench.config import lora
+from pflbench.config.groups import PartitionSpec
+from pflbench.config.run_config import RunConfig
+from pflbench.registry import PARTITIONERS
+
+# RunConfig field → the keyword a partitioner function takes for it. A partitioner reads a
+# setting iff its signature has that keyword (``data.partitioners.partition`` passes exactly these).
+PARTITIONER_KEYWORDS: dict[str, str] = {
+    "alpha": "alpha",
+    "min_size": "min_size",
+    "shards_per_client": "shards_per_client",
+    "dirichlet_cut": "cut",
+}
+# How a partition setting is shown in a run's name, a leaderboard column and a plot title.
+PARTITION_SETTING_LABELS: dict[str, str] = {"alpha": "α", "shards_per_client": "shards", "dirichlet_cut": "cut"}
+
+
+def partition_settings(spec: PartitionSpec | RunConfig) -> dict[str, Any]:
+    """The partitioner's own settings that this run reads, by the partitioner's signature
+    (none for a preset partition file: the file is the partition)."""
+    if spec.partition_file is not None:
+        return {}
+    accepted = inspect.signature(PARTITIONERS.get(spec.partition)).parameters
+    return {field: getattr(spec, field) for field, keyword in PARTITIONER_KEYWORDS.items() if keyword in accepted}
+
+
+def partitioner_arguments(spec: PartitionSpec | RunConfig) -> dict[str, Any]:
+    """``partition_settings`` under the partitioner's keyword names: what the partitioner is called with."""
+    return {PARTITIONER_KEYWORDS[field]: value for field, value in partition_settings(spec).items()}
+
+
+def partition_identity(spec: PartitionSpec) -> dict[str, Any]:
+    """The partition stage's share of a run's identity."""
+    read: dict[str, Any] = {
+        "partition": spec.partition,
+        "num_clients": spec.num_clients,
+        "test_frac": spec.test_frac,
+        "public_frac": spec.public_frac,
+    }
+    if spec.partition_file is not None:
+        return {**read, "partition_file": spec.partition_file}
+    return {**read, **partition_settings(spec)}
+
+
+def partition_label(spec: PartitionSpec | RunConfig) -> str:
+    """The partition's part of a run-folder name: ``a<α>`` when the partitioner reads α (the
+    historical spelling of Dirichlet runs), else the partitioner's name; the folder's hash tells
+    apart everything else the partition reads."""
+    settings = partition_settings(spec)
+    return f"a{settings['alpha']:g}" if "alpha" in settings else spec.partition
+
+
+def run_identity(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dict[str, Any]:
+    """Exactly the settings a resolved run reads: an inert option (``--shards-per-client`` under
+    Dirichlet, ``--lora-alpha`` without LoRA, ``--momentum`` with Adam, ...) is left out."""
+    lora_rank = lora.lora_rank(algorithm, config, hyperparameters)
+    init = config.init_spec
+    identity: dict[str, Any] = {
+        "algo": config.algo,
+        "dataset": config.dataset,
+        "dataset_options": config.dataset_options(),
+        **partition_identity(config.partition_spec),
+        "seed": config.seed,
+        "model": config.model,
+        "model_options": config.model_options(),
+        "rounds": config.rounds,
+        "frac": config.frac,
+        "eval_every": config.resolved_eval_every,
+        **config.local_spec.identity(),
+        "device": config.device.split(":")[0],
+        "algo_hparams": dataclasses.asdict(hyperparameters),
+    }
+    if getattr(algorithm, "uses_head_layers", False) or lora_rank is not None:
+        identity["head_layers"] = config.head_layers
+    if config.executor not in ("sequential", "ray"):  # ray gives sequential's numbers: the same run
+        identity["executor"] = config.executor
+    if config.finetune_epochs:
+        identity["finetune_epochs"] = config.finetune_epochs
+    if config.pretrained or config.weights:
+        identity.update(pretrained=config.pretrained, weights=config.weights)
+    if init.pretrains(lora_rank is not None):
+        identity.update(backbone="public", pretrain_epochs=config.pretrain_epochs, pretrain_lr=config.pretrain_lr)
+    if lora_rank is not None:
+        identity.update(lora_rank=lora_rank, lora_alpha=config.lora_alpha, lora_targets=config.lora_targets)
+    return identity
+
+
+def identity_hash(identity: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def run_name(config: RunConfig, algorithm: Any, hyperparameters: Any) -> str:
+    """``<algo>__<dataset>__<partition>__s<seed>__<hash>`` with a hash of every setting read."""
+    digest = identity_hash(run_identity(config, algorithm, hyperparameters))
+    split = partition_label(config)
+    return f"{config.algo}__{config.dataset}__{split}__s{config.seed}__{digest}"
+
+
+def inert_settings(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dict[str, str]:
+    """The settings a resolved run would not read, each with why: given explicitly they are
+    refused (``--momentum`` with Adam, LoRA options without LoRA, ...), never recorded as if
+    they applied. (``run_identity`` leaves them out.)"""
+    uses_lora = lora.is_lora_run(algorithm, config, hyperparameters)
+    inert: dict[str, str] = {}
+    if config.optimizer is not None and config.optimizer != "sgd":
+        inert["momentum"] = f"--optimizer {config.optimizer} has no momentum (use --optimizer sgd)"
+    if not uses_lora:
+        for name in ("lora_alpha", "lora_targets"):
+            inert[name] = f"--algo {config.algo} without --lora-rank trains no LoRA layers"
+    if not (getattr(algorithm, "uses_head_layers", False) or uses_lora):
+        inert["head_layers"] = f"--algo {config.algo} has no private head (fedper, fedrep or LoRA runs use it)"
+    inert.update(partition_inert(config))
+    if not config.init_spec.pretrains(uses_lora):
+        for name in ("pretrain_epochs", "pretrain_lr"):
+            inert[name] = "this run pretrains no backbone (LoRA runs or --backbone public do)"
+    return inert
+
+
+def partition_inert(spec: PartitionSpec | RunConfig) -> dict[str, str]:
+    """The partitioner settings this partition does not read (by the partitioner's signature),
+    each with why. A preset partition file reads none of them, but refuses none either: they
+    are simply not part of such a run's identity."""
+    if spec.partition_file is not None:
+        return {}
+    read = partition_settings(spec)
+    takes = ", ".join(f"--{field.replace('_', '-')}" for field in read) or "none of them"
+    return {
+        field: f"--partition {spec.partition} does not read it (its partitioner takes: {takes})"
+        for field in PARTITIONER_KEYWORDS
+        if field not in read
+    }

@@ -1,0 +1,73 @@
+"""What identifies a run: the settings it reads, decided from the code that reads them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pflbench.cli import cli
+from pflbench.config.identity import partition_inert, partition_label, partition_settings, run_name
+from pflbench.config.run_config import RunConfig, resolve
+from pflbench.registry import ALGORITHMS
+
+# A plugin partitioner that reads α, with a name that says nothing about Dirichlet.
+BANDS = '''
+import numpy as np
+from pflbench import register_partitioner
+
+
+@register_partitioner("label-bands")
+def label_bands(labels, num_clients, rng, alpha=1.0):
+    """Clients get samples sorted by label with band widths ~ Dir(alpha)."""
+    order = np.argsort(labels, kind="stable")
+    spare = len(labels) - 50 * num_clients  # every client gets 50 samples, the rest by Dir(alpha)
+    sizes = 50 + np.floor(rng.dirichlet(np.full(num_clients, alpha)) * spare).astype(int)
+    return [np.sort(part) for part in np.split(order, np.cumsum(sizes)[:-1])]
+'''
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("plugin") / "bands.py"  # one file: a plugin registers once
+    path.write_text(BANDS)
+    return path
+
+
+def test_a_plugin_partitioner_that_takes_alpha_reads_it(plugin: Path) -> None:
+    from pflbench.registry import load_plugin_file
+
+    load_plugin_file(plugin)
+    fedavg = ALGORITHMS.get("fedavg")
+    names = []
+    for alpha in (0.1, 1.0):
+        config, _ = resolve(RunConfig(partition="label-bands", alpha=alpha), fedavg, fedavg.hyperparameters())
+        assert partition_settings(config) == {"alpha": alpha}
+        assert "alpha" not in partition_inert(config) and "min_size" in partition_inert(config)
+        assert partition_label(config) == f"a{alpha:g}"
+        names.append(run_name(config, fedavg, fedavg.hyperparameters()))
+    assert names[0] != names[1]  # two runs, two folders
+
+
+def test_a_plugin_partitioner_run_accepts_alpha_and_gives_two_folders(plugin: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    base = ["run", "--plugin", str(plugin), "--partition", "label-bands", "--dataset", "digits"]
+    base += ["--model", "mlp", "--num-clients", "3", "--rounds", "1", "--quiet", "--out", str(out)]
+    for alpha in ("0.1", "5"):
+        result = CliRunner().invoke(cli, [*base, "--alpha", alpha])
+        assert result.exit_code == 0, result.output
+    assert len(list((out / "runs").iterdir())) == 2
+    refused = CliRunner().invoke(cli, [*base, "--alpha", "0.1", "--min-size", "3"])
+    assert refused.exit_code == 2 and "--min-size 3 would be ignored" in refused.output
+
+
+def test_builtin_partitioners_read_what_their_signature_takes() -> None:
+    settings = {p: set(partition_settings(RunConfig(partition=p))) for p in ("dirichlet", "dirichlet-client", "iid")}
+    assert settings == {
+        "dirichlet": {"alpha", "min_size", "dirichlet_cut"},
+        "dirichlet-client": {"alpha", "min_size"},
+        "iid": {"min_size"},
+    }
+    assert set(partition_settings(RunConfig(partition="shards"))) == {"shards_per_client", "min_size"}
+    assert partition_settings(RunConfig(partition_file="x.json")) == {}
