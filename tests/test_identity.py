@@ -71,3 +71,27 @@ def test_builtin_partitioners_read_what_their_signature_takes() -> None:
     }
     assert set(partition_settings(RunConfig(partition="shards"))) == {"shards_per_client", "min_size"}
     assert partition_settings(RunConfig(partition_file="x.json")) == {}
+
+
+def test_leaderboards_and_sweeps_key_on_the_settings_the_partitioner_read(tmp_path: Path) -> None:
+    from pflbench.report.leaderboard import pivot
+    from pflbench.store.reader import load_runs
+
+    tiny = ["--dataset", "digits", "--model", "mlp", "--num-clients", "3", "--rounds", "1", "--quiet"]
+    for extra in (["--alpha", "0.1"], ["--partition", "iid"], ["--partition", "shards", "--shards-per-client", "3"]):
+        result = CliRunner().invoke(cli, ["run", *tiny, *extra, "--out", str(tmp_path)])
+        assert result.exit_code == 0, result.output
+    frame = load_runs(tmp_path)
+    assert sorted(frame["partition"].unique()) == ["iid", "shards shards=3", "α=0.1"]  # iid has no α
+    assert {column[:2] for column in pivot(frame).columns} == {
+        ("digits", "α=0.1"),
+        ("digits", "iid"),
+        ("digits", "shards shards=3"),
+    }
+    listed = CliRunner().invoke(cli, ["leaderboard", str(tmp_path), "--format", "md"])
+    assert listed.exit_code == 0 and "digits iid" in listed.output and "α=0.5" not in listed.output
+    sweep = ["sweep", "--algos", "fedavg", "--datasets", "digits", "--set", "partition=iid", "--dry-run"]
+    refused = CliRunner().invoke(cli, [*sweep, "--alphas", "0.1,1", *tiny[2:-1], "--out", str(tmp_path)])
+    assert refused.exit_code == 2 and "--alphas 0.1,1 would be ignored" in refused.output
+    planned = CliRunner().invoke(cli, [*sweep, *tiny[2:-1], "--out", str(tmp_path)])
+    assert planned.exit_code == 0 and "fedavg digits iid seed=0" in planned.output, planned.output

@@ -116,7 +116,7 @@ def test_load_runs_is_tidy(frame: pd.DataFrame) -> None:
         "run",
         "algo",
         "dataset",
-        "alpha",
+        "partition",
         "seed",
         "round",
         "metric",
@@ -126,13 +126,13 @@ def test_load_runs_is_tidy(frame: pd.DataFrame) -> None:
     ]
     assert frame["run"].nunique() == 17
     finals = frame[frame["round"].isna()]
-    fedavg = finals[(finals["algo"] == "fedavg") & (finals["alpha"] == 0.1) & (finals["metric"] == "pers_acc")]
+    fedavg = finals[(finals["algo"] == "fedavg") & (finals["partition"] == "α=0.1") & (finals["metric"] == "pers_acc")]
     assert sorted(fedavg["value"]) == pytest.approx([0.80, 0.82, 0.84])
     first = frame[
         (frame["round"] == 1)
         & (frame["algo"] == "fedper")
         & (frame["seed"] == 2)
-        & (frame["alpha"] == 0.1)
+        & (frame["partition"] == "α=0.1")
         & (frame["metric"] == "pers_acc")
     ]
     assert first["value"].tolist() == pytest.approx([0.82])
@@ -144,15 +144,15 @@ def test_load_runs_is_tidy(frame: pd.DataFrame) -> None:
 def test_pivot_mean_std_and_seed_counts(frame: pd.DataFrame) -> None:
     table = pivot(frame)
     assert list(table.index) == ["FedAvg", "FedPer", "FedProx"]
-    assert table.loc["FedAvg", ("digits", 0.1, "pers_acc", "mean")] == pytest.approx(82.0)
-    assert table.loc["FedAvg", ("digits", 0.1, "pers_acc", "std")] == pytest.approx(2.0)
-    assert table.loc["FedProx", ("digits", 0.1, "pers_acc", "mean")] == pytest.approx(85.5)
-    assert table.loc["FedProx", ("digits", 0.1, "pers_acc", "std")] == pytest.approx(0.7071, abs=1e-4)
+    assert table.loc["FedAvg", ("digits", "α=0.1", "pers_acc", "mean")] == pytest.approx(82.0)
+    assert table.loc["FedAvg", ("digits", "α=0.1", "pers_acc", "std")] == pytest.approx(2.0)
+    assert table.loc["FedProx", ("digits", "α=0.1", "pers_acc", "mean")] == pytest.approx(85.5)
+    assert table.loc["FedProx", ("digits", "α=0.1", "pers_acc", "std")] == pytest.approx(0.7071, abs=1e-4)
     counts = table.xs("n", axis=1, level="stat")
     assert counts.loc["FedAvg"].tolist() == [3, 3] and counts.loc["FedProx"].tolist() == [2, 3]
     marks = cells(table)
-    assert marks["FedProx", ("digits", 0.1, "pers_acc")].fewer_seeds
-    assert not marks["FedProx", ("digits", 1.0, "pers_acc")].fewer_seeds
+    assert marks["FedProx", ("digits", "α=0.1", "pers_acc")].fewer_seeds
+    assert not marks["FedProx", ("digits", "α=1", "pers_acc")].fewer_seeds
 
 
 def test_markdown_marks_best_ranks_and_fewer_seeds(frame: pd.DataFrame) -> None:
@@ -179,10 +179,10 @@ def test_missing_values_are_dashes_and_not_ranked(frame: pd.DataFrame) -> None:
 def test_lower_is_better_for_communication(frame: pd.DataFrame) -> None:
     table = pivot(frame, extras=["comm", "time"])
     marks = cells(table)
-    assert marks["FedPer", ("digits", 0.1, "comm")].rank == 1
-    assert marks["FedPer", ("digits", 0.1, "comm")].mean == pytest.approx(2.0)  # 0.5 MB × 2 rounds × 2 ways
-    assert marks["FedAvg", ("digits", 0.1, "comm")].rank == 2.5 == marks["FedProx", ("digits", 0.1, "comm")].rank
-    assert marks["FedProx", ("digits", 0.1, "time")].rank == 1  # seeds 0, 1 → 10.5 s < 11 s
+    assert marks["FedPer", ("digits", "α=0.1", "comm")].rank == 1
+    assert marks["FedPer", ("digits", "α=0.1", "comm")].mean == pytest.approx(2.0)  # 0.5 MB × 2 rounds × 2 ways
+    assert marks["FedAvg", ("digits", "α=0.1", "comm")].rank == 2.5 == marks["FedProx", ("digits", "α=0.1", "comm")].rank
+    assert marks["FedProx", ("digits", "α=0.1", "time")].rank == 1  # seeds 0, 1 → 10.5 s < 11 s
     assert "digits α=0.1 Communication (MB)" in to_markdown(table).splitlines()[0]
 
 
@@ -213,7 +213,7 @@ def test_html_and_csv(frame: pd.DataFrame) -> None:
     assert '<th colspan="2">digits</th>' in page and "<b>91.00 ± 1.00</b>" in page
     assert "<td>85.50 ± 0.71<sup>†n=2</sup></td>" in page
     rows = pd.read_csv(StringIO(to_csv(table)))
-    fedprox = rows[(rows["algorithm"] == "FedProx") & (rows["alpha"] == 0.1)].iloc[0]
+    fedprox = rows[(rows["algorithm"] == "FedProx") & (rows["partition"] == "α=0.1")].iloc[0]
     assert fedprox["mean"] == pytest.approx(85.5) and fedprox["n"] == 2 and bool(fedprox["fewer_seeds"])
     assert fedprox["rank"] == 2
 
@@ -225,11 +225,11 @@ def test_runs_with_other_settings_are_split_never_averaged(tmp_path: Path) -> No
     write_run(tmp_path, "fedper", 0.1, 0, 0.3, None, dataset="synthetic", rounds=3)
     table = pivot(load_runs(tmp_path))
     assert list(table.index) == ["FedAvg (lr=0.01)", "FedAvg (lr=0.05)", "FedPer", "FedProx"]
-    assert table.loc["FedAvg (lr=0.05)", ("digits", 0.1, "pers_acc", "mean")] == pytest.approx(52.0)
-    assert table.loc["FedAvg (lr=0.01)", ("digits", 0.1, "pers_acc", "mean")] == pytest.approx(82.0)
-    assert pd.isna(table.loc["FedAvg (lr=0.05)", ("digits", 1.0, "pers_acc", "mean")])
+    assert table.loc["FedAvg (lr=0.05)", ("digits", "α=0.1", "pers_acc", "mean")] == pytest.approx(52.0)
+    assert table.loc["FedAvg (lr=0.01)", ("digits", "α=0.1", "pers_acc", "mean")] == pytest.approx(82.0)
+    assert pd.isna(table.loc["FedAvg (lr=0.05)", ("digits", "α=1", "pers_acc", "mean")])
     # rounds differs only across cells (synthetic vs digits): one fedper row, and a note says so
-    assert table.loc["FedPer", ("synthetic", 0.1, "pers_acc", "mean")] == pytest.approx(30.0)
+    assert table.loc["FedPer", ("synthetic", "α=0.1", "pers_acc", "mean")] == pytest.approx(30.0)
     assert "Runs differ in rounds: 2, 3." in to_markdown(table)
 
 
@@ -262,13 +262,13 @@ def test_broken_run_folders_are_skipped_with_warnings(tmp_path: Path) -> None:
     assert any("rounds.jsonl is unreadable" in m for m in messages)
     assert any("failed run (RuntimeError: boom)" in m for m in messages)
     assert sum("unfinished run" in m for m in messages) == 2
-    assert table.loc["FedAvg", ("digits", 0.1, "pers_acc", "n")] == 1
+    assert table.loc["FedAvg", ("digits", "α=0.1", "pers_acc", "n")] == 1
     assert "FedRep" not in table.index
 
 
 def test_curve_bands_mean_over_seeds(frame: pd.DataFrame) -> None:
     bands = curve_bands(frame, "pers_acc", x="comm")
-    first = bands[(bands["row"] == "FedAvg") & (bands["alpha"] == 0.1) & (bands["round"] == 1)].iloc[0]
+    first = bands[(bands["row"] == "FedAvg") & (bands["partition"] == "α=0.1") & (bands["round"] == 1)].iloc[0]
     assert first["mean"] == pytest.approx(72.0) and first["std"] == pytest.approx(2.0)
     assert first["x"] == pytest.approx(2.0) and first["n"] == 3
 

@@ -62,8 +62,8 @@ def test_a_copied_or_renamed_folder_is_not_a_second_seed(tmp_path: Path) -> None
     assert frame["run"].nunique() == 2
     assert sum("same run (settings and seed) as" in m for m in messages) == 2, messages
     table = pivot(frame)
-    assert table.loc["FedAvg", ("digits", 0.1, "pers_acc", "n")] == 2
-    assert table.loc["FedAvg", ("digits", 0.1, "pers_acc", "mean")] == pytest.approx(85.0)
+    assert table.loc["FedAvg", ("digits", "α=0.1", "pers_acc", "n")] == 2
+    assert table.loc["FedAvg", ("digits", "α=0.1", "pers_acc", "mean")] == pytest.approx(85.0)
 
 
 def test_same_folder_name_with_other_settings_counts_as_another_run(tmp_path: Path) -> None:
@@ -94,8 +94,8 @@ def test_diverged_runs_are_left_out_with_a_warning_or_shown_flagged(tmp_path: Pa
     frame, messages = collect(tmp_path, include_abnormal=True)
     table = pivot(frame)
     assert list(table.index) == ["FedAvg", "FedAvg [diverged]", "FedPer"]
-    assert table.loc["FedAvg", ("digits", 0.1, "pers_acc", "mean")] == pytest.approx(80.0)
-    assert table.loc["FedAvg [diverged]", ("digits", 0.1, "pers_acc", "mean")] == pytest.approx(10.0)
+    assert table.loc["FedAvg", ("digits", "α=0.1", "pers_acc", "mean")] == pytest.approx(80.0)
+    assert table.loc["FedAvg [diverged]", ("digits", "α=0.1", "pers_acc", "mean")] == pytest.approx(10.0)
     assert "did not end normally" in to_markdown(table)
     code, output = invoke("leaderboard", str(tmp_path))
     assert code == 0 and "warning: skipped" in output and "[diverged]" not in output
@@ -223,9 +223,9 @@ def test_cells_of_a_run_with_no_value_are_not_ranked(tmp_path: Path) -> None:
     summary = json.loads((folder / "summary.json").read_text())
     (folder / "summary.json").write_text(json.dumps({**summary, "pers_acc": None}))
     marks = cells(pivot(load_runs(tmp_path)))
-    assert marks["FedPer", ("digits", 0.1, "pers_acc")].mean is None
-    assert marks["FedPer", ("digits", 0.1, "pers_acc")].rank is None
-    assert marks["FedAvg", ("digits", 0.1, "pers_acc")].rank == 1
+    assert marks["FedPer", ("digits", "α=0.1", "pers_acc")].mean is None
+    assert marks["FedPer", ("digits", "α=0.1", "pers_acc")].rank is None
+    assert marks["FedAvg", ("digits", "α=0.1", "pers_acc")].rank == 1
 
 
 def test_of_several_copies_the_runner_named_folder_is_kept(tmp_path: Path) -> None:

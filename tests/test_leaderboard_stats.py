@@ -179,7 +179,7 @@ def test_ranks_and_csv(constructed: Path, tmp_path: Path) -> None:
     assert ranks["FedAvg"] == (pytest.approx(1.75), 2.0) and ranks["FedPer"] == (pytest.approx(1.5), 1.0)
     assert ranks["FedProx"] == (pytest.approx(2.75), 3.0) and ranks["FedRep"] == (4.0, 4.0)
     rows = pd.read_csv(StringIO(to_csv(table)))
-    fedper = rows[(rows["algorithm"] == "FedPer") & (rows["alpha"] == 0.5)].iloc[0]
+    fedper = rows[(rows["algorithm"] == "FedPer") & (rows["partition"] == "α=0.5")].iloc[0]
     assert fedper["rank"] == 2 and bool(fedper["tied"]) and fedper["pairs"] == 3 and fedper["avg_rank"] == 1.5
 
 

@@ -4,7 +4,7 @@ Needs ``\\usepackage{booktabs}`` and, for ``fit="resize"`` (the default), ``\\us
 The caption states the setup and how to read the cells (``tables.notes``); the label is unique
 per table content (``tab:<metric>-<hash>``) unless given. ``fit``: ``resize`` scales a table
 wider than ``\\linewidth`` down to it (narrower tables keep their size), ``transpose`` puts the
-algorithms in columns and the (dataset, α) panels in rows (and shrinks it too if it is still
+algorithms in columns and the (dataset, partition) panels in rows (and shrinks it too if it is still
 wider than the text), ``none`` leaves it as it is.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import pandas as pd
 
@@ -80,10 +81,21 @@ def safe_label(label: str) -> str:
     return "".join(c if c.isascii() and (c.isalnum() or c in ":-_.") else "-" for c in label)
 
 
+def partition_tex(label: str) -> str:
+    """A partition's name in LaTeX: ``α=0.1`` → ``$\\alpha=0.1$``, the rest escaped."""
+    parts = re.split(r"(α=[0-9.eE+-]+)", label)
+    return "".join(rf"$\alpha={p[2:]}$" if p.startswith("α=") else latex_escape(p) for p in parts if p)
+
+
+def partition_heading(columns: list[tuple[str, str, str]]) -> str:
+    """The heading of the partition axis: ``$\\alpha$`` when every partition is Dirichlet's α."""
+    return r"$\alpha$" if all(re.fullmatch(r"α=[0-9.eE+-]+", c[1]) for c in columns) else "partition"
+
+
 def _header_lines(table: pd.DataFrame) -> list[str]:
     columns = columns_of(table)
     levels = [lambda c: (c[0],), lambda c: (c[0], c[1])]
-    texts = [lambda key: latex_escape(key[0]), lambda key: rf"$\alpha={key[1]:g}$"]
+    texts = [lambda key: latex_escape(key[0]), lambda key: partition_tex(key[1])]
     if multi_quantity(table):
         levels.append(lambda c: c)
         texts.append(lambda key: latex_escape(quantity(key[2]).label))
@@ -116,11 +128,11 @@ def _transposed(table: pd.DataFrame) -> list[str]:
     lines = [
         r"\begin{tabular}{l" + "c" * len(rows) + "}",
         r"\toprule",
-        " & ".join(["Dataset, $\\alpha$", *(row for row, _ in rows)]) + r" \\",
+        " & ".join([f"Dataset, {partition_heading(columns)}", *(row for row, _ in rows)]) + r" \\",
         r"\midrule",
     ]
     for index, column in enumerate(columns):
-        label = rf"{latex_escape(column[0])}, $\alpha={column[1]:g}$"
+        label = f"{latex_escape(column[0])}, {partition_tex(column[1])}"
         if multi:
             label += ", " + latex_escape(quantity(column[2]).label)
         lines.append(" & ".join([label, *(texts[index] for _, texts in rows)]) + r" \\")

@@ -1,9 +1,9 @@
 """Leaderboards from results folders: run folders → one tidy frame → pivot table.
 
 ``load_runs`` (``pflbench.store.reader``) reads each run once into a tidy frame (run, algo,
-dataset, alpha, seed, round, metric, value, config_key, status); ``round`` is empty for the
+dataset, partition, seed, round, metric, value, config_key, status); ``round`` is empty for the
 final values of ``summary.json``. ``config_key`` is the run's settings without the grid axes
-(algo, dataset, alpha, seed): runs that differ in anything else are never averaged together —
+(algo, dataset, partition, seed): runs that differ in anything else are never averaged together —
 they become separate rows labelled by the differing setting. Cells carry mean ± std (or a 95%
 CI) over seeds, ranks, and a paired test against the column's best (``pflbench.report.stats``).
 Renderers live in ``pflbench.report.render``.
@@ -23,6 +23,7 @@ import pandas as pd
 from pflbench.errors import ConfigError
 from pflbench.report import stats
 from pflbench.report.names import display_name, quantity, setup_text
+from pflbench.store.reader import partition_sort_key
 
 EXTRAS = {"comm": ("bytes_up_total", "bytes_down_total"), "time": ("wall_time_s",), "worst10": ("pers_acc_worst10",)}
 __all__ = [
@@ -47,9 +48,9 @@ def _value_text(value: Any) -> str:
 
 
 def _conflicts(runs: pd.DataFrame) -> set[str]:
-    """Settings in which one algorithm's runs differ within a (dataset, α) cell."""
+    """Settings in which one algorithm's runs differ within a (dataset, partition) cell."""
     conflicts: set[str] = set()
-    for _, cell in runs.groupby(["dataset", "alpha"]):
+    for _, cell in runs.groupby(["dataset", "partition"]):
         keys = cell["config_key"].unique()
         if len(keys) > 1:
             conflicts.update(_varying([_flat(k) for k in keys]))
@@ -89,16 +90,16 @@ def differing_settings(frame: pd.DataFrame) -> dict[str, list[str]]:
 def final_values(
     frame: pd.DataFrame, quantities: Iterable[str], renames: Mapping[str, str] | None = None
 ) -> pd.DataFrame:
-    """One row per (run, quantity) in display units: run, row, dataset, alpha, seed, quantity, value."""
+    """One row per (run, quantity) in display units: run, row, dataset, partition, seed, quantity, value."""
     finals = frame[frame["round"].isna()]
     wide = finals.set_index(["run", "metric"])["value"].unstack()
-    runs = finals.drop_duplicates("run").set_index("run")[["dataset", "alpha", "seed", "config_key"]]
+    runs = finals.drop_duplicates("run").set_index("run")[["dataset", "partition", "seed", "config_key"]]
     labels = row_labels(frame, renames)
     keyed = runs.assign(row=runs.index.map(labels))
-    mixed = keyed.groupby(["row", "dataset", "alpha"])["config_key"].nunique()
+    mixed = keyed.groupby(["row", "dataset", "partition"])["config_key"].nunique()
     if (mixed > 1).any():  # labels that collide in their text; never average such runs
         raise ConfigError(f"runs with different settings share the cell {mixed[mixed > 1].index[0]}")
-    seeds = keyed.groupby(["row", "dataset", "alpha", "seed"]).size()
+    seeds = keyed.groupby(["row", "dataset", "partition", "seed"]).size()
     if (seeds > 1).any():  # e.g. --rename gave two algorithms one name
         raise ConfigError(f"two runs of one seed share the cell {seeds[seeds > 1].index[0][:3]}")
     runs = runs.drop(columns="config_key")
@@ -126,7 +127,7 @@ def pivot(
     show_n: bool = False,
     renames: Mapping[str, str] | None = None,
 ) -> pd.DataFrame:
-    """Rows = algorithms (split by differing settings), columns = (dataset, alpha, quantity, stat)
+    """Rows = algorithms (split by differing settings), columns = (dataset, partition, quantity, stat)
     with stat ∈ {mean, std, n}: mean over seeds, ``std`` the ± part (sample std, or the half-width
     of the t-based 95% CI with ``interval="ci95"``), n = seeds with a value. ``attrs`` keep the
     per-seed values for the paired ``test`` (ttest | wilcoxon | none) at ``level``."""
@@ -142,9 +143,9 @@ def pivot(
     quantities = list(dict.fromkeys([metric, *extras]))
     values = final_values(frame, quantities, renames).dropna(subset=["value"])
     values = values[values["value"].map(math.isfinite)]
-    per_seed: dict[tuple[str, str, float, str], dict[int, float]] = {}
+    per_seed: dict[tuple[str, str, str, str], dict[int, float]] = {}
     for row in values.itertuples(index=False):
-        per_seed.setdefault((row.row, row.dataset, float(row.alpha), row.quantity), {})[int(row.seed)] = row.value
+        per_seed.setdefault((row.row, row.dataset, row.partition, row.quantity), {})[int(row.seed)] = row.value
     records = {
         (row, d, a, q, stat): value
         for (row, d, a, q), by_seed in per_seed.items()
@@ -155,10 +156,12 @@ def pivot(
         )
     }
     rows = sorted(set(row_labels(frame, renames).values()))
-    panels = sorted({(d, float(a)) for d, a in zip(frame["dataset"], frame["alpha"])})
+    panels = sorted(
+        set(zip(frame["dataset"], frame["partition"])), key=lambda panel: (panel[0], partition_sort_key(panel[1]))
+    )
     columns = pd.MultiIndex.from_tuples(
         [(d, a, q, s) for d, a in panels for q in quantities for s in ("mean", "std", "n")],
-        names=["dataset", "alpha", "quantity", "stat"],
+        names=["dataset", "partition", "quantity", "stat"],
     )
     table = pd.DataFrame(
         [[records.get((row, *column)) for column in columns] for row in rows],
@@ -206,7 +209,7 @@ def _seeds(table: pd.DataFrame, row: str, column: tuple[str, float, str]) -> dic
 
 
 def cells(table: pd.DataFrame, decimals: int = 2) -> dict[tuple[str, tuple[str, float, str]], Cell]:
-    """(row, (dataset, alpha, quantity)) → Cell. Ranks use the mean as shown (``decimals``); bold
+    """(row, (dataset, partition, quantity)) → Cell. Ranks use the mean as shown (``decimals``); bold
     only in columns with at least two values. Each other value is tested against the column's best
     (highest unrounded mean among the bold ones), paired by seed; it is ``tied`` when it is not
     worse on the paired seeds or p ≥ level. Cells with fewer seeds than the most are flagged."""
@@ -271,7 +274,7 @@ def max_seeds(table: pd.DataFrame) -> int:
 def curve_bands(
     frame: pd.DataFrame, metric: str = "pers_acc", x: str = "round", renames: Mapping[str, str] | None = None
 ) -> pd.DataFrame:
-    """Per (row, dataset, alpha, round): mean x, and mean/std/n over seeds of ``metric`` (display
+    """Per (row, dataset, partition, round): mean x, and mean/std/n over seeds of ``metric`` (display
     units). ``x`` is ``round`` or ``comm`` (cumulative MB sent up + down by that round)."""
     rounds = frame[frame["round"].notna()]
     wide = rounds.set_index(["run", "round", "metric"])["value"].unstack()
@@ -284,12 +287,12 @@ def curve_bands(
         data["x"] = (wide["bytes_up_cum"] + wide["bytes_down_cum"]) / 2**20
     else:
         data["x"] = wide.index.get_level_values("round").astype(float)
-    runs = rounds.drop_duplicates("run").set_index("run")[["dataset", "alpha"]]
+    runs = rounds.drop_duplicates("run").set_index("run")[["dataset", "partition"]]
     labels = row_labels(frame, renames)
     data = data.dropna().reset_index().join(runs, on="run")
     data["row"] = data["run"].map(labels)
     return (
-        data.groupby(["row", "dataset", "alpha", "round"])
+        data.groupby(["row", "dataset", "partition", "round"])
         .agg(x=("x", "mean"), mean=("y", "mean"), std=("y", "std"), n=("y", "count"))
         .reset_index()
     )

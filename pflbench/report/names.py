@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from pflbench.errors import ConfigError
+from pflbench.store.reader import partition_sort_key
 
 METRIC_NAMES = {
     "pers_acc": "Personalized accuracy",
@@ -107,12 +108,14 @@ def setup_text(frame: pd.DataFrame) -> str:
         else None
         for s in settings
     )
-    alphas = ", ".join(f"{a:g}" for a in sorted(runs["alpha"].unique()))
-    partition = field("partition")
-    alpha_text = f" (α = {alphas})" if "dirichlet" in partition else ""
+    labels = sorted(runs["partition"].unique(), key=partition_sort_key)
+    if all(label.startswith("α=") and " " not in label for label in labels):  # Dirichlet label skew
+        partition_text = f"dirichlet partition (α = {', '.join(label[2:] for label in labels)})"
+    else:
+        partition_text = f"partition {' / '.join(labels)}"
     epochs = field("local_epochs")
     return (
-        f"{', '.join(sorted(runs['dataset'].unique()))}, {partition} partition{alpha_text}, "
+        f"{', '.join(sorted(runs['dataset'].unique()))}, {partition_text}, "
         f"{field('num_clients')} clients, {sampled} sampled per round, {field('rounds')} rounds, "
         f"{epochs} local epoch{'' if epochs == '1' else 's'}, model {field('model')}"
     )

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pflbench.errors import ConfigError
+from pflbench.store.reader import partition_sort_key
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -132,9 +133,9 @@ def _plain(text: str) -> str:
 
 
 def curve_figure(bands: pd.DataFrame, x_label: str, y_label: str, title: str = "", integer_x: bool = False) -> Figure:
-    """One panel per (dataset, α): a line per table row (mean over seeds) and a ±std band.
+    """One panel per (dataset, partition): a line per table row (mean over seeds) and a ±std band.
 
-    ``bands`` has the columns row, dataset, alpha, x, mean, std of ``leaderboard.curve_bands``.
+    ``bands`` has the columns row, dataset, partition, x, mean, std of ``leaderboard.curve_bands``.
     ``integer_x``: ticks only at whole numbers (rounds).
     """
     import matplotlib
@@ -145,7 +146,9 @@ def curve_figure(bands: pd.DataFrame, x_label: str, y_label: str, title: str = "
 
     if bands.empty:
         raise ConfigError("no curves to plot")
-    panels = sorted({(d, a) for d, a in zip(bands["dataset"], bands["alpha"])})
+    panels = sorted(
+        set(zip(bands["dataset"], bands["partition"])), key=lambda panel: (panel[0], partition_sort_key(panel[1]))
+    )
     rows = sorted(bands["row"].unique())
     palette = matplotlib.colormaps["tab10" if len(rows) <= 10 else "tab20"]
     colours = {row: palette(i % palette.N) for i, row in enumerate(rows)}
@@ -156,8 +159,8 @@ def curve_figure(bands: pd.DataFrame, x_label: str, y_label: str, title: str = "
     figure = Figure(figsize=(4.6 * columns, 3.4 * grid_rows + 0.5), dpi=150, layout="constrained")
     FigureCanvasAgg(figure)
     axes_grid = figure.subplots(grid_rows, columns, squeeze=False)
-    for axes, (dataset, alpha) in zip(axes_grid.flat, panels):
-        panel = bands[(bands["dataset"] == dataset) & (bands["alpha"] == alpha)]
+    for axes, (dataset, partition) in zip(axes_grid.flat, panels):
+        panel = bands[(bands["dataset"] == dataset) & (bands["partition"] == partition)]
         for row, curve in panel.groupby("row"):
             curve = curve.sort_values("x")
             x, mean, std = curve["x"].to_numpy(), curve["mean"].to_numpy(), curve["std"].fillna(0).to_numpy()
@@ -173,7 +176,7 @@ def curve_figure(bands: pd.DataFrame, x_label: str, y_label: str, title: str = "
                 markerfacecolor="none",
             )
             axes.fill_between(x, mean - std, mean + std, color=colours[row], alpha=0.18, linewidth=0)
-        axes.set_title(_plain(f"{dataset}, α={alpha:g}"), fontsize=10)
+        axes.set_title(_plain(f"{dataset}, {partition}"), fontsize=10)
         axes.set_xlabel(x_label)
         axes.set_ylabel(y_label)
         axes.grid(alpha=0.3)

@@ -86,7 +86,7 @@ def to_html(table: pd.DataFrame) -> str:
     levels = [lambda c: (c[0],), lambda c: (c[0], c[1])] + ([lambda c: c] if multi else [])
     texts = [
         lambda key: html.escape(key[0]),
-        lambda key: f"α={key[1]:g}",
+        lambda key: html.escape(key[1]),
         lambda key: html.escape(quantity(key[2]).label),
     ]
     head = []
@@ -113,14 +113,14 @@ def to_html(table: pd.DataFrame) -> str:
 
 
 def to_csv(table: pd.DataFrame) -> str:
-    """One line per cell: algorithm, dataset, alpha, quantity, label, mean, std (± part), n, rank,
+    """One line per cell: algorithm, dataset, partition, quantity, label, mean, std (± part), n, rank,
     best, tied (not significantly worse than the best), p, pairs, flags, the row's ranks."""
     table_cells, ranks = cells(table), row_ranks(table)
     records = [
         {
             "algorithm": row,
             "dataset": column[0],
-            "alpha": column[1],
+            "partition": column[1],
             "quantity": column[2],
             "label": quantity(column[2]).label,
             "mean": cell.mean,

@@ -39,8 +39,8 @@ def rank_text(value: float | None, missing: str = "—") -> str:
     return missing if value is None else f"{value:.2f}".rstrip("0").rstrip(".")
 
 
-def columns_of(table: pd.DataFrame) -> list[tuple[str, float, str]]:
-    """(dataset, alpha, quantity) in table order."""
+def columns_of(table: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """(dataset, partition, quantity) in table order."""
     return list(dict.fromkeys(column[:3] for column in table.columns))
 
 
@@ -107,8 +107,8 @@ def body_rows(table: pd.DataFrame, style: Style) -> list[tuple[str, list[str]]]:
     ]
 
 
-def header_text(column: tuple[str, float, str], multi: bool) -> str:
-    text = f"{column[0]} α={column[1]:g}"
+def header_text(column: tuple[str, str, str], multi: bool) -> str:
+    text = f"{column[0]} {column[1]}"
     return f"{text} {quantity(column[2]).label}" if multi else text
 
 

@@ -27,8 +27,15 @@ from pflbench.store.layout import CONFIG_FILE, ERROR_FILE, OLD_PREFIX, ROUNDS_FI
 if TYPE_CHECKING:
     import pandas as pd
 
-GRID_AXES = ("algo", "dataset", "alpha", "seed")
-COLUMNS = ("run", "algo", "dataset", "alpha", "seed", "round", "metric", "value", "config_key", "status")
+# A leaderboard's grid: algorithm × dataset × partition × seed. The partition is named by the
+# settings the run's partitioner read (``partition_of``), so no run is shown under a setting it
+# never read (an iid run has no α). Everything else a run read goes into ``config_key``.
+GRID_AXES = ("algo", "dataset", "partition", "seed")
+COLUMNS = ("run", "algo", "dataset", "partition", "seed", "round", "metric", "value", "config_key", "status")
+# Partition settings a partition's name shows (``RunConfig`` field → symbol); the others a
+# partitioner reads (min_size, the Dirichlet cut) stay in ``config_key``.
+PARTITION_SHOWN = {"alpha": "α", "shards_per_client": "shards"}
+PARTITION_KEYS = ("partition", "partition_file", *PARTITION_SHOWN)
 SUMMARY_NON_METRICS = {"alpha", "seed", "num_clients", "rounds", "evaluations"}
 ROUND_NON_METRICS = {"round", "clients"}
 NORMAL_STATUS = (None, "completed", "ok")
@@ -135,15 +142,63 @@ def flat_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def setting_of(config: dict[str, Any]) -> dict[str, Any]:
-    """The run's settings minus the grid axes and what does not determine the numbers (output
-    location, command, versions, ...): ``{"run": {...}, "algo_hparams": {...}}``."""
+    """The run's settings minus the grid axes (the partition's shown settings included) and what
+    does not determine the numbers (output location, command, versions, ...):
+    ``{"run": {...}, "algo_hparams": {...}}``."""
+    axes = (*GRID_AXES, *PARTITION_KEYS, "algo_hparams")
     if isinstance(config.get("identity"), dict):  # exactly the settings the run read (config.run_identity)
         identity = config["identity"]
-        run = {k: v for k, v in identity.items() if k not in (*GRID_AXES, "algo_hparams")}
+        run = {k: v for k, v in identity.items() if k not in axes}
         return {"run": run, "algo_hparams": dict(identity.get("algo_hparams") or {})}
     flat = flat_config(config)
-    run = {k: v for k, v in flat.items() if k not in (*GRID_AXES, "algo_hparams") and k not in RUN_IDENTITY_EXCLUDED}
+    run = {k: v for k, v in flat.items() if k not in axes and k not in RUN_IDENTITY_EXCLUDED}
     return {"run": run, "algo_hparams": dict(flat.get("algo_hparams") or {})}
+
+
+def partition_of(config: dict[str, Any]) -> str:
+    """The partition a run used, named by what its partitioner read: ``α=0.1`` (Dirichlet label
+    skew), ``dirichlet-client α=0.5``, ``shards shards=2``, ``iid``, ``natural``, ``file NAME``.
+
+    From ``config.json``'s ``identity`` (exactly the settings the run read); a folder written
+    before the identity was recorded is read by the rule of its time (α for dirichlet*, shards
+    for shards)."""
+    if isinstance(config.get("identity"), dict):
+        read = config["identity"]
+    else:
+        flat = flat_config(config)
+        partition = str(flat.get("partition", "dirichlet"))
+        read = {"partition": partition, "partition_file": flat.get("partition_file")}
+        if partition.startswith("dirichlet"):
+            read["alpha"] = flat.get("alpha")
+        if partition == "shards":
+            read["shards_per_client"] = flat.get("shards_per_client")
+    if read.get("partition_file"):
+        return f"file {Path(str(read['partition_file'])).name}"
+    partition = read.get("partition", "dirichlet")
+    if not isinstance(partition, str) or not partition:
+        raise ValueError("config.json: partition must be a non-empty string")
+    shown = []
+    for key, symbol in PARTITION_SHOWN.items():
+        if key in read:
+            value = read[key]
+            if not _is_number(value) or value is None or not math.isfinite(value) or value < 0:
+                raise ValueError(f"config.json: {key} must be a finite number ≥ 0, got {str(value)[:50]}")
+            shown.append(f"{symbol}={value:g}")
+    return " ".join(shown) if partition == "dirichlet" and shown else " ".join([partition, *shown])
+
+
+def partition_sort_key(label: str) -> tuple[Any, ...]:
+    """Partitions in a readable order: by name, then by their numbers (α=0.1 before α=1 before α=10)."""
+    parts = label.replace("=", " ").split()
+    return tuple((0, float(p), "") if _is_float(p) else (1, 0.0, p) for p in parts)
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def run_identity(config: dict[str, Any]) -> str:
@@ -162,19 +217,18 @@ def _is_number(value: Any) -> bool:
     return value is None or isinstance(value, float)
 
 
-def _grid_values(config: dict[str, Any]) -> tuple[str, str, float, int]:
-    """(algo, dataset, alpha, seed) with their types checked."""
-    missing = [k for k in GRID_AXES if k not in config]
+def _grid_values(config: dict[str, Any]) -> tuple[str, str, str, int]:
+    """(algo, dataset, partition, seed) with their types checked."""
+    flat = flat_config(config)
+    missing = [k for k in ("algo", "dataset", "seed") if k not in flat]
     if missing:
         raise ValueError(f"config.json lacks {', '.join(missing)}")
-    algo, dataset, alpha, seed = (config[k] for k in GRID_AXES)
+    algo, dataset, seed = flat["algo"], flat["dataset"], flat["seed"]
     if not isinstance(algo, str) or not isinstance(dataset, str) or not algo or not dataset:
         raise ValueError("config.json: algo and dataset must be non-empty strings")
-    if not _is_number(alpha) or alpha is None or not math.isfinite(alpha) or alpha < 0:
-        raise ValueError(f"config.json: alpha must be a finite number ≥ 0, got {str(alpha)[:50]}")
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
         raise ValueError(f"config.json: seed must be an integer ≥ 0, got {str(seed)[:50]}")
-    return algo, dataset, float(alpha), seed
+    return algo, dataset, partition_of(config), seed
 
 
 def run_status(summary: dict[str, Any]) -> str | None:
@@ -192,7 +246,7 @@ def read_run(folder: Path) -> tuple[str, str | None, list[tuple[Any, ...]]]:
         raise ValueError("config.json or summary.json is not a JSON object")
     if not isinstance(config.get("algo_hparams", {}), (dict, type(None))):
         raise ValueError("config.json: algo_hparams is not an object")
-    head_values = _grid_values(flat_config(config))
+    head_values = _grid_values(config)
     try:
         if (folder / ROUNDS_FILE).stat().st_size > MAX_ROUNDS_BYTES:
             raise ValueError(f"rounds.jsonl is larger than {MAX_ROUNDS_BYTES // 2**20} MiB")
@@ -257,4 +311,6 @@ def load_runs(
         rows += run_rows
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
     frame["value"] = pd.to_numeric(frame["value"], errors="coerce")
-    return frame.astype({"round": "Int64", "value": "float64", "alpha": "float64", "seed": "int64", "status": "object"})
+    return frame.astype(
+        {"round": "Int64", "value": "float64", "partition": "object", "seed": "int64", "status": "object"}
+    )

@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from pflbench.config import lora
+from pflbench.config.identity import partition_identity, partition_settings
 from pflbench.config.run_config import RunConfig, field_types, hyperparameters_from
 from pflbench.data.dataset import load_dataset
 from pflbench.errors import ConfigError
 from pflbench.registry import ALGORITHMS, DATASETS
 from pflbench.runs.prepare import plan_run, preflight
+from pflbench.store.reader import partition_of
 
 GRID_FIELDS = ("algo", "dataset", "alpha", "seed")
 
@@ -60,10 +62,15 @@ class SweepRun:
     def run_dir(self) -> Path:
         return Path(self.config.out) / "runs" / self.name
 
+    @property
+    def partition(self) -> str:
+        """The partition named by the settings its partitioner reads (as leaderboards show it)."""
+        return partition_of({"identity": partition_identity(self.config.partition_spec)})
+
     def describe(self) -> str:
         extra = "".join(f" {k}={v}" for k, v in self.overrides.items())
         c = self.config
-        return f"{c.algo} {c.dataset} α={c.alpha:g} seed={c.seed}{extra}"
+        return f"{c.algo} {c.dataset} {self.partition} seed={c.seed}{extra}"
 
     def to_json(self) -> dict[str, Any]:
         c = self.config
@@ -71,7 +78,7 @@ class SweepRun:
             "name": self.name,
             "algo": c.algo,
             "dataset": c.dataset,
-            "alpha": c.alpha,
+            "partition": self.partition,
             "seed": c.seed,
             "set": self.overrides,
             "status": self.status,
@@ -194,6 +201,9 @@ def expand_grid(base: RunConfig, grid: Grid) -> list[SweepRun]:
                     config = dataclasses.replace(config, finetune_epochs=0)
                 hparams = hyperparameters_from(hyperparameter_classes[algo], algo_values, algo)
                 cells.append((config, hparams, run_values, algo_values))
+    if len(set(grid.alphas)) > 1 and not any("alpha" in partition_settings(c) for c, _, _, _ in cells):
+        values = ",".join(f"{a:g}" for a in grid.alphas)
+        raise ConfigError(f"--alphas {values} would be ignored: no partitioner of the grid reads α; sweep one α")
     any_lora = any(lora.is_lora_run(ALGORITHMS.get(c.algo), c, h) for c, h, _, _ in cells)
     runs: dict[str, SweepRun] = {}
     datasets: dict[str, Any] = {}
