@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 import click
 
 from pflbench.errors import ConfigError
+from pflbench.store.layout import SUMMARY_FILE
+from pflbench.store.reader import read_json
 
 if TYPE_CHECKING:
     import numpy as np
@@ -59,8 +61,6 @@ def plot_gate_heatmap(
 @click.option("--plot", type=click.Path(dir_okay=False), help="Save the client × block heatmap (PNG/PDF).")
 def gates_command(run_dir: str, plot: str | None) -> None:
     """Print (and plot) the per-client gate values of a FedSDG run."""
-    from pflbench.store.layout import SUMMARY_FILE
-    from pflbench.store.reader import read_json  # here: pandas stays out of `pflbench --help`
 
     summary = read_json(Path(run_dir) / SUMMARY_FILE) or {}
     if "gates" not in summary:

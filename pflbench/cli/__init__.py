@@ -1,6 +1,6 @@
 """The ``pflbench`` command line.
 
-- ``run.py``: ``run``, ``list``, ``partition``
+- ``run.py``: ``run``; ``listing.py``: ``list``; ``partition.py``: ``partition``
 - ``rerun.py``: ``rerun`` (a run again from its config.json)
 - ``config_file.py``: ``--config FILE`` (TOML/YAML) for ``run`` and ``sweep``
 - ``sweep.py``: ``sweep``; ``leaderboard.py``: ``leaderboard``
@@ -20,10 +20,12 @@ from importlib.metadata import entry_points
 import click
 
 from pflbench.cli.leaderboard import leaderboard_command
+from pflbench.cli.listing import list_command
 from pflbench.cli.options import PflbenchGroup
+from pflbench.cli.partition import partition_command
 from pflbench.cli.pretrain import pretrain_command
 from pflbench.cli.rerun import rerun_command
-from pflbench.cli.run import list_command, partition_command, run_command
+from pflbench.cli.run import run_command
 from pflbench.cli.sweep import sweep_command
 
 

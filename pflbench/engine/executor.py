@@ -21,6 +21,7 @@ from pflbench.engine.algorithm import ClientProgram
 from pflbench.engine.evaluation import evaluate_heads, head_split
 from pflbench.engine.local import LocalTrainer
 from pflbench.engine.types import ClientJob, ClientUpdate, EvalJob, Tensors, load_into
+from pflbench.util.ray_cluster import require_ray
 from pflbench.util.seeding import derive_seed
 
 
@@ -129,7 +130,6 @@ class LazyExecutor:
 
 
 def _require_ray() -> None:
-    from pflbench.util.ray_cluster import require_ray
 
     require_ray()
 

@@ -37,6 +37,7 @@ from pflbench.engine.algorithm import ClientProgram
 from pflbench.engine.executor import SequentialExecutor
 from pflbench.engine.types import ClientJob, ClientUpdate, EvalJob, Tensors
 from pflbench.errors import ConfigError
+from pflbench.util.ray_cluster import cluster_cpus, cluster_gpus, connect, ship_plugins_by_value
 
 IN_FLIGHT = 2  # calls queued per actor: one runs while the next one's arguments arrive
 CALLS_PER_WORKER = 4  # a round's jobs go in chunks, about this many per actor (balance vs. overhead)
@@ -180,7 +181,6 @@ class RayExecutor:
 
     @classmethod
     def from_spec(cls, model: nn.Module, data: FederatedData, spec: ExecutorSpec) -> RayExecutor:
-        from pflbench.util.ray_cluster import cluster_cpus, cluster_gpus, connect
 
         ray = connect(spec.ray_address)
         use_gpu = data.device.type == "cuda"
@@ -206,7 +206,6 @@ class RayExecutor:
         cpus_per_worker: int = 1,
         gpus_per_worker: float = 0.0,
     ) -> None:
-        from pflbench.util.ray_cluster import connect, ship_plugins_by_value
 
         self.ray = connect()
         self.model, self.data = model, data
@@ -235,7 +234,6 @@ class RayExecutor:
         self.replaced += 1
 
     def _program_context(self, program: ClientProgram) -> tuple[str, list]:
-        from pflbench.util.ray_cluster import ship_plugins_by_value
 
         ship_plugins_by_value(self.ray, program)
         key = hashlib.sha256(self.ray.cloudpickle.dumps(program)).hexdigest()

@@ -42,6 +42,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from pflbench.models.lora import LoRALinear
+from pflbench.models.zoo import head_module_names
 from pflbench.store.layout import MODELS_DIR
 from pflbench.util.atomic import atomic_write_bytes, atomic_write_json
 
@@ -185,7 +187,6 @@ def _layer_rank(layer: nn.Module, default: int | None) -> int:
 
 def _has_extra_branches(layer: nn.Module) -> bool:
     """True for a LoRALinear subclass whose adapter is more than the one shared pair."""
-    from pflbench.models.lora import LoRALinear
 
     return isinstance(layer, LoRALinear) and type(layer).adapter is not LoRALinear.adapter
 
@@ -283,8 +284,6 @@ def export_peft_adapter(
             break
 
     if modules_to_save == "auto":
-        from pflbench.models.zoo import head_module_names
-
         head = head_module_names(model)
         trainable = any(p.requires_grad for m in head for p in model.get_submodule(m).parameters())
         modules_to_save = head if trainable else []

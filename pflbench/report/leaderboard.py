@@ -23,6 +23,7 @@ import pandas as pd
 from pflbench.errors import ConfigError
 from pflbench.report import stats
 from pflbench.report.names import display_name, quantity, setup_text
+from pflbench.report.plots import plot_curves
 from pflbench.store.reader import partition_sort_key
 
 EXTRAS = {"comm": ("bytes_up_total", "bytes_down_total"), "time": ("wall_time_s",), "worst10": ("pers_acc_worst10",)}
@@ -306,7 +307,6 @@ def write_plots(
 ) -> list[Path]:
     """``accuracy_vs_round`` and ``accuracy_vs_comm`` (PNG, PDF and SVG) of ``metric`` per round,
     or of its per-round counterpart (``x_last10`` → ``x``; else ``pers_acc``)."""
-    from pflbench.report.plots import plot_curves
 
     per_round = set(frame.loc[frame["round"].notna(), "metric"])
     curve_metric = next((m for m in (metric, metric.removesuffix("_last10")) if m in per_round), "pers_acc")

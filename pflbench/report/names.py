@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from pflbench.errors import ConfigError
+from pflbench.registry import declared_display_name
 from pflbench.store.reader import partition_sort_key
 
 METRIC_NAMES = {
@@ -62,8 +63,6 @@ def display_name(algo: str, renames: Mapping[str, str] | None = None) -> str:
     if renames and algo in renames:
         return renames[algo]
     try:  # read from the algorithm's source where it says it: no torch for a table
-        from pflbench.registry import declared_display_name
-
         declared = declared_display_name(algo)
     except Exception:  # an unknown or unloadable algorithm still gets a name
         declared = None

@@ -16,6 +16,7 @@ from pflbench.engine import Diverged, Federation, Observer, RunObserver
 from pflbench.engine.metrics import summarize
 from pflbench.engine.observers import RoundCallback
 from pflbench.runs.checkpoint import CheckpointObserver
+from pflbench.runs.export import save_models
 from pflbench.runs.start import start_or_resume
 from pflbench.runs.trackers import make_trackers
 from pflbench.store.layout import (
@@ -201,8 +202,6 @@ def _execute_claimed(
         "run_dir": str(paths.final),
     }
     if config.save_model:  # before summary.json: a finished run folder holds its models
-        from pflbench.runs.export import save_models
-
         save_models(prepared, paths.work)
     for observer in federation.observers:  # trackers close their files while they are in the work folder
         observer.on_run_end(summary)

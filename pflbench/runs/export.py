@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pflbench.config.identity import identity_hash, run_identity
+from pflbench.models.lora import lora_layers, parse_targets
 from pflbench.models.saving import (
     base_model_state,
     export_peft_adapter,
@@ -85,7 +86,6 @@ def save_models(prepared: Any, folder: Path | None = None) -> Path:
 
 def export_lora(prepared: Any, state: dict[str, Any], models: Path) -> Path:
     """The global model as a peft adapter (``models/peft_global``) + its base model's weights."""
-    from pflbench.models.lora import lora_layers, parse_targets
 
     config = prepared.config
     model = copy.deepcopy(prepared.executor.model).cpu()

@@ -20,6 +20,8 @@ from typing import Any
 
 from pflbench.config.run_config import RunConfig, field_types
 from pflbench.errors import ConfigError
+from pflbench.registry import load_plugin_file
+from pflbench.runs.prepare import prepare
 from pflbench.store.layout import CONFIG_FILE, RUNS_DIR
 from pflbench.store.reader import load_json, read_rounds
 
@@ -88,8 +90,6 @@ def prepare_rerun(
     """Load the plugins, rebuild the run into ``out`` (default ``default_rerun_out``) and check
     that its folder is not the original and is still empty. ``overrides``: RunConfig settings
     that do not change the numbers (``save_model``, ``log``, ``mlflow_uri``, ``device``)."""
-    from pflbench.registry import load_plugin_file
-    from pflbench.runs.prepare import prepare
 
     recorded = read_recorded_run(run_dir)
     for plugin in recorded.plugins:

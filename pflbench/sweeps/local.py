@@ -24,6 +24,7 @@ from pflbench.sweeps.grid import (
     SweepRun,
 )
 from pflbench.sweeps.one import outcome_of, run_one
+from pflbench.sweeps.parallel import run_parallel
 from pflbench.sweeps.record import _write_record
 
 
@@ -61,8 +62,6 @@ def run_sweep(
         else:
             finished(index, run, _run_here(run, plugins, lambda: _write_record(record, grid, base, runs)))
     if todo:
-        from pflbench.sweeps.parallel import run_parallel
-
         try:
             run_parallel(todo, jobs, plugins, finished)
         except KeyboardInterrupt:

@@ -34,7 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from pflbench.config.run_config import RunConfig
+from pflbench.engine.ray_executor import release_pool
 from pflbench.errors import ConfigError
+from pflbench.registry import load_plugin_file
+from pflbench.runs.execute import execute
+from pflbench.runs.prepare import prepare
 from pflbench.store.layout import (
     ERROR_FILE,
     RUNS_DIR,
@@ -49,6 +53,9 @@ from pflbench.store.layout import (
     writing,
 )
 from pflbench.store.writer import write_json
+from pflbench.sweeps.parallel import dispatch_order
+from pflbench.sweeps.record import _write_record
+from pflbench.util.ray_cluster import connect
 
 TASK_RETRIES = 3  # re-executions of a run whose worker died
 CLAIM_TOUCH_S = 60.0  # the driver touches the claims it holds at least this often
@@ -69,7 +76,6 @@ def check_resources(base: RunConfig, cpus_per_run: float, gpus_per_run: float) -
 
 def _load_plugins(plugin_sources: list[tuple[str, bytes]]) -> None:
     """Write each shipped plugin file under this worker's temp folder and load it (once)."""
-    from pflbench.registry import load_plugin_file
 
     for name, source in plugin_sources:
         digest = hashlib.sha256(source).hexdigest()
@@ -97,9 +103,6 @@ def run_task(
 
     import ray
     import torch
-
-    from pflbench.runs.execute import execute
-    from pflbench.runs.prepare import prepare
 
     torch.set_num_threads(max(1, threads))
     out_run_dir = Path(config.out) / RUNS_DIR / name  # where the driver will put it
@@ -215,15 +218,10 @@ def run_sweep_on_ray(
 ) -> None:
     """``sweep.run_sweep`` with every unfinished run as a Ray task (see the module docstring);
     ``disconnect``: leave Ray at the end (the CLI; a library caller may keep its instance)."""
-    from pflbench.sweeps.record import _write_record
-    from pflbench.util.ray_cluster import connect
 
     check_resources(base, cpus_per_run, gpus_per_run)
     ray = connect(base.ray_address)
     from ray.exceptions import RayError
-
-    from pflbench.engine.ray_executor import release_pool
-    from pflbench.sweeps.parallel import dispatch_order
 
     release_pool()  # idle client actors of earlier --executor ray runs would hold CPUs
 

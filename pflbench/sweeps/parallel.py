@@ -22,6 +22,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from pflbench.registry import load_plugin_file
+from pflbench.sweeps.one import outcome_of, run_one
 from pflbench.util.threads import threads_per_job
 
 _LOADED_PLUGINS: set[str] = set()
@@ -48,8 +50,6 @@ def dispatch_order(todo: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
 
 def run_in_worker(run: Any, plugins: tuple[str, ...]) -> tuple[str, dict[str, Any] | None, str | None]:
     """(status, summary, error) of one run, in a worker process."""
-    from pflbench.registry import load_plugin_file
-    from pflbench.sweeps.one import outcome_of, run_one
 
     for path in plugins:  # plugin files register into this process's registries
         if path not in _LOADED_PLUGINS:

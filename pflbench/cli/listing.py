@@ -1,0 +1,26 @@
+"""``pflbench list``: the registered plugins, described from their sources (torch is not loaded)."""
+
+from __future__ import annotations
+
+import click
+
+from pflbench.registry import ALGORITHMS, DATASETS, MODELS, PARTITIONERS, describe, load_plugin_file
+
+
+@click.command("list")
+@click.argument("kind", required=False, type=click.Choice(["algorithms", "datasets", "models", "partitioners"]))
+@click.option("--plugin", multiple=True, help="Python file that registers plugins (repeatable).")
+def list_command(kind: str | None, plugin: tuple[str, ...]) -> None:
+    """List the registered plugins (all kinds, or one)."""
+    for path in plugin:  # a broken plugin is one error before anything is listed
+        load_plugin_file(path)
+    registries = {"algorithms": ALGORITHMS, "datasets": DATASETS, "models": MODELS, "partitioners": PARTITIONERS}
+    listed = {
+        name: describe(registry, plugin) for name, registry in registries.items() if kind in (None, name)
+    }  # plugins load (or fail) before anything is printed
+    for name, items in listed.items():
+        click.echo(f"{name}:")
+        for item_name, line in items.items():
+            click.echo(f"  {item_name:<18} {line}")
+        if name == "models":
+            click.echo(f"  {'<timm name>':<18} any timm model, e.g. vit_tiny_patch16_224, resnet18")

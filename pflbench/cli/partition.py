@@ -1,0 +1,110 @@
+"""``pflbench partition``: partition a dataset and print (plot, save, export) per-client statistics."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import click
+
+from pflbench.cli.options import _flag, dataclass_options, explicit_options
+from pflbench.config.identity import partition_inert
+from pflbench.config.run_config import RunConfig
+from pflbench.errors import ConfigError
+
+PARTITION_FIELDS = (
+    "dataset",
+    "dataset_option",
+    "data_dir",
+    "partition",
+    "alpha",
+    "shards_per_client",
+    "min_size",
+    "test_frac",
+    "num_clients",
+    "seed",
+    "public_frac",
+    "dirichlet_cut",
+    "partition_file",
+)
+
+
+@click.command("partition")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Save a label-distribution plot (PNG/PDF).")
+@click.option("--save", type=click.Path(dir_okay=False), help="Save indices and statistics as JSON.")
+@click.option(
+    "--export",
+    type=click.Path(dir_okay=False),
+    help="Export the exact train/test indices per client (JSON) for `run --partition-file`.",
+)
+def partition_command(plot: str | None, save: str | None, export: str | None, **values: Any) -> None:
+    """Partition a dataset and print per-client statistics."""
+    from pflbench.config.run_config import validate, with_base_defaults
+    from pflbench.data.dataset import load_dataset
+    from pflbench.data.partition import fit_num_clients, make_partition
+    from pflbench.data.presets import export_partition, partition_document
+    from pflbench.store.layout import check_writable, writing
+    from pflbench.store.writer import write_json
+
+    for path in (save, export, plot):
+        if path:
+            check_writable(path, kind="file")
+    refuse_partition_inert(values)
+    config = RunConfig(**values)
+    config = with_base_defaults(config)
+    validate(config)
+    dataset = load_dataset(config.dataset, config.dataset_options())
+    config = fit_num_clients(config, dataset)
+    split = make_partition(config, dataset)
+    stats = split.stats
+    click.echo(
+        f"{config.dataset}: {len(dataset.labels)} samples, {dataset.num_classes} classes, "
+        + (
+            f"partition file {config.partition_file} K={config.num_clients}"
+            if config.partition_file
+            else f"partition={config.partition} alpha={config.alpha:g} K={config.num_clients} seed={config.seed}"
+            + (f" cut={config.dirichlet_cut}" if config.partition == "dirichlet" else "")
+        )
+        + (f"; {len(split.public)} held out as public data" if len(split.public) else "")
+    )
+    click.echo(
+        f"samples/client mean {stats['samples_mean']:.1f} std {stats['samples_std']:.1f} "
+        f"min {stats['samples_min']} max {stats['samples_max']}; "
+        f"classes/client mean {stats['classes_per_client_mean']:.2f}"
+    )
+    click.echo(f"{'client':>6} {'train':>6} {'test':>5} {'classes':>7}  label histogram")
+    for k in range(config.num_clients):
+        click.echo(
+            f"{k:>6} {stats['train_samples'][k]:>6} {stats['test_samples'][k]:>5} "
+            f"{stats['classes_per_client'][k]:>7}  {stats['label_histogram'][k]}"
+        )
+    if save:
+        from pathlib import Path
+
+        with writing(save):
+            write_json(Path(save), {"config": dataclasses.asdict(config), **split.to_json()})
+        click.echo(f"saved {save}")
+    if export:
+        with writing(export):
+            export_partition(export, partition_document(config, dataset, split.train, split.test, split.public))
+        click.echo(f"exported {export}")
+    if plot:
+        from pflbench.report.plots import plot_label_distribution
+
+        with writing(plot):
+            path = plot_label_distribution(
+                stats["label_histogram"],
+                plot,
+                title=f"{config.dataset}, {config.partition}, α={config.alpha:g}, K={config.num_clients}",
+            )
+        click.echo(f"plot: {path}")
+
+
+def refuse_partition_inert(values: dict[str, Any]) -> None:
+    """The partition options the chosen partitioner would not read, given explicitly: refused."""
+    inert = partition_inert(RunConfig(**values))
+    for name in sorted(explicit_options(inert)):
+        raise ConfigError(f"{_flag(name)} {values[name]} would be ignored: {inert[name]}; leave it out")
+
+
+partition_command.params[:0] = dataclass_options(RunConfig, PARTITION_FIELDS)
