@@ -30,7 +30,7 @@ class TrafficObserver(Observer):
 
 
 class Harness:
-    """A prepared run (``runner.prepare``) opened up for tests."""
+    """A prepared run (``runs.prepare.prepare``) opened up for tests."""
 
     def __init__(self, prepared: Any) -> None:
         self.prepared = prepared

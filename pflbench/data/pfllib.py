@@ -2,7 +2,7 @@
 ``train/<i>.npz``, ``test/<i>.npz``, read with an unpickler that only rebuilds numpy arrays.
 
 The clients' own train/test split becomes the run's partition under ``--partition natural``
-(``partition_io.preset_partition``)."""
+(``data.partition.preset_partition``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Partitions in and out: export files, ``--partition-file``, and the exact partition a run must
-use (``preset_partition``: a file, a flwr-datasets partitioner or a dataset's own client split).
-PFLlib folders are read in ``pfllib_folder``, flwr-datasets partitioners converted in
-``flwr_partition``; their public names are importable from here too.
+"""Partition files in and out: the document format, export (``partition --export``), reading and
+validating a ``--partition-file``. PFLlib folders are read in ``data.pfllib``, flwr-datasets partitioners converted in
+``data.flwr``; which preset a run uses (and how many clients it has) is ``data.partition``.
 
 An exported partition (``pflbench partition --export FILE``) is one JSON object::
 

@@ -1,7 +1,7 @@
 """A leaderboard as a LaTeX ``table`` float that drops into a paper.
 
 Needs ``\\usepackage{booktabs}`` and, for ``fit="resize"`` (the default), ``\\usepackage{graphicx}``.
-The caption states the setup and how to read the cells (``tables.notes``); the label is unique
+The caption states the setup and how to read the cells (``table.notes``); the label is unique
 per table content (``tab:<metric>-<hash>``) unless given. ``fit``: ``resize`` scales a table
 wider than ``\\linewidth`` down to it (narrower tables keep their size), ``transpose`` puts the
 algorithms in columns and the (dataset, partition) panels in rows (and shrinks it too if it is still

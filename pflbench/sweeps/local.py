@@ -39,7 +39,7 @@ def run_sweep(
 ) -> None:
     """Run (or skip) each run, rewriting the sweep record ``record`` after each.
 
-    ``jobs`` > 1 runs that many at once in worker processes (``sweep_parallel``), each with
+    ``jobs`` > 1 runs that many at once in worker processes (``sweeps.parallel``), each with
     ``max(1, threads // jobs)`` threads; ``report`` then comes in completion order. A
     KeyboardInterrupt marks the current run(s) ``interrupted`` (their folders lack summary.json,
     so the next sweep redoes them), writes the record and propagates.

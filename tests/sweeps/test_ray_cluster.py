@@ -1,4 +1,4 @@
-"""``sweep --ray-address`` on a Ray cluster of two nodes (issue 12, item 3): the runs spread over
+"""``sweep --ray-address`` on a Ray cluster of two nodes: the runs spread over
 both nodes, the driver's ``--out`` gets what a local sweep writes, the record names each run's node.
 
 Two raylets on this one machine (``ray.cluster_utils.Cluster``, 1 CPU each) stand in for the

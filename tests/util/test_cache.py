@@ -1,4 +1,4 @@
-"""Issue 9 (1, 2): caches hold no code, are verified on load, heal themselves and never go stale."""
+"""Caches hold no code, are verified on load, heal themselves and never go stale."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from pflbench.registry import DATASETS, register_dataset
 from pflbench.util import cache
 from pflbench.util.atomic import atomic_write
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONVERSIONS: list[int] = []  # one entry per call of the probe loader
 PROBE_INPUTS = torch.arange(7 * 5 * 4 * 4, dtype=torch.int64).remainder(251).to(torch.uint8).reshape(35, 1, 4, 4)
 

@@ -1,4 +1,4 @@
-"""Divergence is never a normal result (issue 9, item 5): a non-finite loss or parameter stops the
+"""Divergence is never a normal result: a non-finite loss or parameter stops the
 run with status ``diverged`` (round, client, term), keeps the partial results, exits 1 with one
 ``Error:`` line; a finished run says ``"status": "completed"``."""
 

@@ -1,4 +1,4 @@
-"""Issue 13 (part a): Ditto, APFL, pFedMe, Per-FedAvg, FedBABU, LG-FedAvg and the
+"""Ditto, APFL, pFedMe, Per-FedAvg, FedBABU, LG-FedAvg and the
 ``--finetune-epochs`` protocol. Each distinctive formula against values computed by hand (closed
 forms, explicit softmax gradients), the local updates on a one-layer model, and the engine hooks."""
 

@@ -1,4 +1,4 @@
-"""A finished result is never destroyed; runs are atomic and claimed (issue 9, item 3)."""
+"""A finished result is never destroyed; runs are atomic and claimed."""
 
 from __future__ import annotations
 

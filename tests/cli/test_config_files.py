@@ -14,7 +14,7 @@ from pflbench.cli.run import run_command
 from pflbench.cli.sweep import sweep_command, sweep_plan
 from pflbench.sweeps.grid import expand_grid
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = '''
 from dataclasses import dataclass
 from pflbench import option, register_algorithm

@@ -1,4 +1,4 @@
-"""Issue 9 (8): registered names are safe, duplicates name both sources, broken plugins are errors."""
+"""Registered names are safe, duplicates name both sources, broken plugins are errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""--portable: shared results name no local absolute path (issue 9, item 8)."""
+"""--portable: shared results name no local absolute path."""
 
 from __future__ import annotations
 

@@ -181,7 +181,9 @@ def test_lower_is_better_for_communication(frame: pd.DataFrame) -> None:
     marks = cells(table)
     assert marks["FedPer", ("digits", "α=0.1", "comm")].rank == 1
     assert marks["FedPer", ("digits", "α=0.1", "comm")].mean == pytest.approx(2.0)  # 0.5 MB × 2 rounds × 2 ways
-    assert marks["FedAvg", ("digits", "α=0.1", "comm")].rank == 2.5 == marks["FedProx", ("digits", "α=0.1", "comm")].rank
+    assert (
+        marks["FedAvg", ("digits", "α=0.1", "comm")].rank == 2.5 == marks["FedProx", ("digits", "α=0.1", "comm")].rank
+    )
     assert marks["FedProx", ("digits", "α=0.1", "time")].rank == 1  # seeds 0, 1 → 10.5 s < 11 s
     assert "digits α=0.1 Communication (MB)" in to_markdown(table).splitlines()[0]
 

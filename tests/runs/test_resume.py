@@ -1,4 +1,4 @@
-"""Checkpoint and resume (issue 9, item 4): a run SIGKILLed after a checkpoint and resumed ends
+"""Checkpoint and resume: a run SIGKILLed after a checkpoint and resumed ends
 with the same rounds.jsonl, summary.json and clients.csv (timings aside) as an uninterrupted run,
 for every built-in algorithm.
 

@@ -1,4 +1,4 @@
-"""Ray (issue 12): ``--executor ray`` gives the sequential numbers for every built-in algorithm,
+"""Ray: ``--executor ray`` gives the sequential numbers for every built-in algorithm,
 survives a killed worker; ``sweep --ray`` writes what a local sweep writes, resumes, redoes a run
 whose worker died; without Ray both are one ``Error:`` line.
 
@@ -43,7 +43,7 @@ TIMES = (
     "server_svd_time_s",
     "round_time_s_mean",
 )
-# as tests/test_algorithms.py: LoRA algorithms adapt the mlp's hidden layers on a random body
+# as tests/algorithms/test_every_algorithm.py: LoRA algorithms adapt the mlp's hidden layers on a random body
 TINY = dict(
     dataset="digits",
     model="mlp",

@@ -207,7 +207,7 @@ def test_broken_plugin_files_are_clear_errors(tmp_path: Path) -> None:
 
 def test_contributing_example_plugin_runs(tmp_path: Path) -> None:
     """The complete plugin shown in CONTRIBUTING.md works as documented."""
-    text = (Path(__file__).resolve().parents[1] / "CONTRIBUTING.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "CONTRIBUTING.md").read_text()
     code = text.split('```python\n"""FedAnchor')[1].split("```")[0]
     plugin = tmp_path / "fedanchor.py"
     plugin.write_text('"""FedAnchor' + code)
@@ -231,7 +231,7 @@ def test_contributing_example_plugin_runs(tmp_path: Path) -> None:
 def test_contributing_two_model_example_runs_and_reports_the_personal_model(tmp_path: Path) -> None:
     """The second-model-per-client example in CONTRIBUTING.md: runs, v never travels, and its
     pers_acc is the personal model's (not the global one's)."""
-    text = (Path(__file__).resolve().parents[1] / "CONTRIBUTING.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "CONTRIBUTING.md").read_text()
     code = text.split('```python\n"""TwinAvg')[1].split("```")[0]
     plugin = tmp_path / "twinavg.py"
     plugin.write_text('"""TwinAvg' + code)

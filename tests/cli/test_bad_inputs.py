@@ -1,4 +1,4 @@
-"""Every bad input is one clear error before any expensive work (issue 9, item 7): exit code 2,
+"""Every bad input is one clear error before any expensive work: exit code 2,
 exactly one ``Error:`` line on stderr naming the bad value, no traceback, nothing written."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Memory-lean data preparation (issue 11, item 4) computes exactly what the plain expressions
+"""Memory-lean data preparation computes exactly what the plain expressions
 compute: the synthetic images (in place, prototypes added in chunks) and the per-channel
 statistics (one float copy filled channel by channel)."""
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from pflbench.cli import cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROX = ROOT / "algorithms" / "example_loss_term.py"
 TWO_MODELS = ROOT / "algorithms" / "example_two_models.py"
 MOMENTUM = ROOT / "algorithms" / "example_server_state.py"

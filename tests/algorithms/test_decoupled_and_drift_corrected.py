@@ -1,4 +1,4 @@
-"""Issue 13 (part b): FedBN, FedRoD, FedALA, SCAFFOLD, MOON, FedDyn — each distinctive formula
+"""FedBN, FedRoD, FedALA, SCAFFOLD, MOON, FedDyn — each distinctive formula
 against hand-computed values on small tensors, plus the wiring of the stateful clients."""
 
 from __future__ import annotations
