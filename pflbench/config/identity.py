@@ -10,15 +10,16 @@ function takes ``alpha`` reads ``--alpha``, whatever its name.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import inspect
-import json
 from typing import Any
 
 from pflbench.config import lora
 from pflbench.config.groups import PartitionSpec
 from pflbench.config.run_config import RunConfig
 from pflbench.registry import PARTITIONERS
+from pflbench.util.hashing import settings_hash
+
+RUN_HASH_LENGTH = 8  # a run folder's name ends in the first 8 characters of its identity's hash
 
 # RunConfig field → the keyword a partitioner function takes for it. A partitioner reads a
 # setting iff its signature has that keyword (``data.partitioners.partition`` passes exactly these).
@@ -103,7 +104,7 @@ def run_identity(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dic
 
 
 def identity_hash(identity: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return settings_hash(identity, RUN_HASH_LENGTH)
 
 
 def run_name(config: RunConfig, algorithm: Any, hyperparameters: Any) -> str:

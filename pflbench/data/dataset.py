@@ -7,7 +7,6 @@ A dataset plugin is a function registered with ``@register_dataset(name)`` that 
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import json
 import os
@@ -22,6 +21,7 @@ import torch
 from pflbench.errors import ConfigError
 from pflbench.registry import DATASETS
 from pflbench.util import cache
+from pflbench.util.hashing import settings_hash
 
 CACHE_FORMAT_VERSION = 2  # 2: tensors + JSON metadata, content-hashed
 
@@ -129,7 +129,7 @@ def load_dataset(name: str, options: dict[str, Any] | None = None, use_cache: bo
     if not use_cache:
         return _call_loader(name, loader, options)
     key = dataset_cache_key(name, options, loader)
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    digest = settings_hash(key)
     path = cache_dir() / f"{name}-{digest}.pt"
     entry = cache.load_entry(path, expect={"key": key})
     if entry is not None:

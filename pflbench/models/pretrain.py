@@ -33,6 +33,7 @@ from pflbench.data.partitioners import split_train_test
 from pflbench.errors import ConfigError
 from pflbench.models.zoo import build_model, head_parameter_names, load_weights
 from pflbench.util import cache
+from pflbench.util.hashing import settings_hash
 from pflbench.util.seeding import derive_seed, rng_stream
 
 PRETRAIN_BATCH_SIZE = 16
@@ -69,7 +70,7 @@ def backbone_key(config: RunConfig, dataset: TensorDataset, public: np.ndarray) 
 
 def backbone_path(config: RunConfig, key: dict[str, Any]) -> Path:
     """``$PFLBENCH_CACHE/backbones/<dataset>-<model>-<hash of key>.pt`` (names made file-safe)."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    digest = settings_hash(key)
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{config.dataset}-{config.model}")[:120]
     return cache_dir() / "backbones" / f"{stem}-{digest}.pt"
 

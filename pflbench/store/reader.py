@@ -13,7 +13,6 @@ warning naming the folder; ``include_abnormal=True`` keeps the not-normal ones, 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import warnings
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from pflbench.errors import ConfigError
 from pflbench.store.layout import CONFIG_FILE, ERROR_FILE, OLD_PREFIX, ROUNDS_FILE, RUNS_DIR, SUMMARY_FILE
+from pflbench.util.hashing import settings_hash
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -205,9 +205,9 @@ def run_identity(config: dict[str, Any]) -> str:
     """A hash of everything in ``config.json`` that determines the run's numbers (settings and
     seed): two folders with the same identity hold the same run."""
     if isinstance(config.get("identity"), dict):  # written by the runner: the settings it read
-        return hashlib.sha256(json.dumps(config["identity"], sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return settings_hash(config["identity"])
     kept = {k: v for k, v in config.items() if k not in RUN_IDENTITY_EXCLUDED}
-    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return settings_hash(kept)
 
 
 def _is_number(value: Any) -> bool:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import time
 import traceback
 from pathlib import Path
@@ -19,12 +17,12 @@ from pflbench.sweeps.grid import (
     Grid,
     SweepRun,
 )
+from pflbench.util.hashing import settings_hash
 
 
 def sweep_record_path(out: str | Path, grid: Grid, base: RunConfig) -> Path:
     """``OUT/sweeps/<YYYYmmdd-HHMMSS>-<hash of grid and shared options>[-n].json`` (a new file)."""
-    identity = json.dumps([grid.to_json(), dataclasses.asdict(base)], sort_keys=True, default=str)
-    digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
+    digest = settings_hash([grid.to_json(), dataclasses.asdict(base)], 8)
     stem = Path(out) / "sweeps" / f"{time.strftime('%Y%m%d-%H%M%S')}-{digest}"
     path, attempt = stem.with_suffix(".json"), 1
     path.parent.mkdir(parents=True, exist_ok=True)
