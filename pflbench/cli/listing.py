@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from pflbench.registry import ALGORITHMS, DATASETS, MODELS, PARTITIONERS, describe, load_plugin_file
+from pflbench.plugin_sources import describe
+from pflbench.registry import ALGORITHMS, DATASETS, MODELS, PARTITIONERS, load_plugin_file
 
 
 @click.command("list")

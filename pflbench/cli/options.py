@@ -20,7 +20,8 @@ from pflbench.cli.config_file import config_path_from, default_map, plugins_of, 
 from pflbench.config.identity import inert_settings
 from pflbench.config.run_config import RunConfig, field_types
 from pflbench.errors import ConfigError
-from pflbench.registry import ALGORITHMS, algorithm_hyperparameters, load_plugin_file
+from pflbench.plugin_sources import algorithm_hyperparameters
+from pflbench.registry import ALGORITHMS, load_plugin_file
 
 
 def _flag(name: str) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from pflbench.errors import ConfigError
-from pflbench.registry import declared_display_name
+from pflbench.plugin_sources import declared_display_name
 from pflbench.store.reader import partition_sort_key
 
 METRIC_NAMES = {

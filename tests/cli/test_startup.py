@@ -15,7 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from pflbench.cli import cli
-from pflbench.registry import ALGORITHMS, _static_algorithms, dataclass_hyperparameters, read_plugins
+from pflbench.plugin_sources import _static_algorithms, dataclass_hyperparameters, read_plugins
+from pflbench.registry import ALGORITHMS
 
 HEAVY = ("torch", "torchvision", "timm")
 MARKER = "@@modules@@"
