@@ -8,9 +8,10 @@ from typing import Any
 import click
 
 from pflbench.cli.options import _flag, dataclass_options, explicit_options
-from pflbench.config.identity import partition_inert
+from pflbench.config.identity import partition_identity, partition_inert, partition_settings
 from pflbench.config.run_config import RunConfig
 from pflbench.errors import ConfigError
+from pflbench.store.reader import partition_of
 
 PARTITION_FIELDS = (
     "dataset",
@@ -62,8 +63,8 @@ def partition_command(plot: str | None, save: str | None, export: str | None, **
         + (
             f"partition file {config.partition_file} K={config.num_clients}"
             if config.partition_file
-            else f"partition={config.partition} alpha={config.alpha:g} K={config.num_clients} seed={config.seed}"
-            + (f" cut={config.dirichlet_cut}" if config.partition == "dirichlet" else "")
+            else f"partition={partition_text(config)} K={config.num_clients} seed={config.seed}"
+            + (f" cut={config.dirichlet_cut}" if "dirichlet_cut" in partition_settings(config) else "")
         )
         + (f"; {len(split.public)} held out as public data" if len(split.public) else "")
     )
@@ -95,7 +96,7 @@ def partition_command(plot: str | None, save: str | None, export: str | None, **
             path = plot_label_distribution(
                 stats["label_histogram"],
                 plot,
-                title=f"{config.dataset}, {config.partition}, α={config.alpha:g}, K={config.num_clients}",
+                title=f"{config.dataset}, {partition_text(config)}, K={config.num_clients}",
             )
         click.echo(f"plot: {path}")
 
@@ -108,3 +109,9 @@ def refuse_partition_inert(values: dict[str, Any]) -> None:
 
 
 partition_command.params[:0] = dataclass_options(RunConfig, PARTITION_FIELDS)
+
+
+def partition_text(config: RunConfig) -> str:
+    """The partition as leaderboards name it: only the settings its partitioner reads (no α for iid)."""
+    label = partition_of({"identity": partition_identity(config.partition_spec)})
+    return f"dirichlet {label}" if label.startswith("α=") else label

@@ -26,7 +26,12 @@ from pflbench.store.layout import CONFIG_FILE, RUNS_DIR
 from pflbench.store.reader import load_json, read_rounds
 
 # Keys of rounds.jsonl that measure the machine, not the run.
-TIMING_KEYS = ("round_time_s", "eval_time_s", "peak_mem_mb", "server_svd_time_s")
+TIMING_KEYS = ("peak_mem_mb",)  # besides every ``*_time_s`` key (``is_timing``)
+
+
+def is_timing(key: str) -> bool:
+    """Whether a round record's key measures the machine, not the run (never compared)."""
+    return key.endswith("_time_s") or key in TIMING_KEYS
 
 
 @dataclasses.dataclass
@@ -113,7 +118,7 @@ def prepare_rerun(
 
 def _untimed_rounds(run_dir: str | Path) -> list[dict[str, Any]]:
     """The run's rounds.jsonl records without the keys that measure the machine."""
-    return [{k: v for k, v in record.items() if k not in TIMING_KEYS} for record in read_rounds(Path(run_dir))]
+    return [{k: v for k, v in record.items() if not is_timing(k)} for record in read_rounds(Path(run_dir))]
 
 
 def compare_rounds(original: str | Path, rerun: str | Path) -> list[str]:

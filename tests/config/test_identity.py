@@ -95,3 +95,14 @@ def test_leaderboards_and_sweeps_key_on_the_settings_the_partitioner_read(tmp_pa
     assert refused.exit_code == 2 and "--alphas 0.1,1 would be ignored" in refused.output
     planned = CliRunner().invoke(cli, [*sweep, *tiny[2:-1], "--out", str(tmp_path)])
     assert planned.exit_code == 0 and "fedavg digits iid seed=0" in planned.output, planned.output
+
+
+def test_partition_shows_only_what_the_partitioner_reads() -> None:
+    for extra, shown, hidden in (
+        (["--partition", "iid"], "partition=iid K=4", ("α", "alpha", "cut=")),
+        (["--partition", "shards"], "partition=shards shards=2 K=4", ("α", "alpha", "cut=")),
+        (["--alpha", "0.3"], "partition=dirichlet α=0.3 K=4 seed=0 cut=unbiased", ()),
+    ):
+        result = CliRunner().invoke(cli, ["partition", "--dataset", "digits", "--num-clients", "4", *extra])
+        first = result.output.splitlines()[0]
+        assert result.exit_code == 0 and shown in first and not any(h in first for h in hidden), result.output

@@ -12,9 +12,9 @@ from pflbench.cli import cli
 from pflbench.config import defaults
 from pflbench.errors import ConfigError
 from pflbench.runs.rerun import (
-    TIMING_KEYS,
     compare_rounds,
     default_rerun_out,
+    is_timing,
     prepare_rerun,
     read_recorded_run,
 )
@@ -29,7 +29,7 @@ def invoke(*args: str) -> tuple[int, str]:
 
 def rounds(folder: Path) -> list[dict]:
     return [
-        {k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS}
+        {k: v for k, v in json.loads(line).items() if not is_timing(k)}
         for line in (folder / "rounds.jsonl").read_text().splitlines()
     ]
 
@@ -114,3 +114,13 @@ def test_read_run_errors_and_default_out(tmp_path: Path) -> None:
     target = default_rerun_out(run_dir)
     assert target.parent == (tmp_path / "out" / "reruns").resolve()
     assert target.name.startswith("fedavg__digits__x-")
+
+
+def test_rerun_check_of_a_finetuned_run_compares_no_timing(tmp_path: Path) -> None:
+    """Every timing key is left out of the comparison, ``finetune_time_s`` included."""
+    code, output = invoke("run", *TINY, "--finetune-epochs", "1", "--out", str(tmp_path))
+    assert code == 0, output
+    (original,) = list((tmp_path / "runs").iterdir())
+    assert "finetune_time_s" in (original / "rounds.jsonl").read_text()
+    code, output = invoke("rerun", str(original), "--quiet", "--check")
+    assert code == 0 and "metrics identical" in output, output
