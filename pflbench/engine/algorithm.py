@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pflbench.config import lora
+from pflbench.engine.fingerprint import fingerprint
 from pflbench.engine.local import LocalResult, LocalTrainer, standard_local_update
 from pflbench.engine.state import ClientStateStore
 from pflbench.engine.streaming import StreamingWeightedAverage
@@ -104,6 +105,12 @@ class ClientProgram(Generic[H]):
         return {name: state[name].detach().clone() for name in self.layout.private}
 
 
+# What ``Algorithm.__init__`` sets and the engine saves (global_state, store) or never changes.
+ENGINE_ATTRIBUTES = frozenset(
+    {"config", "hparams", "model", "num_train", "layout", "global_state", "initial_state", "store", "program"}
+)
+
+
 class Algorithm(Generic[H]):
     """Server-side hooks. Subclass per algorithm, set ``program_class`` and register it."""
 
@@ -119,6 +126,10 @@ class Algorithm(Generic[H]):
     # Attributes that change across rounds besides global_state and the store (tensors or
     # JSON-able values): saved in checkpoints so a resumed run continues exactly.
     checkpoint_attributes: ClassVar[tuple[str, ...]] = ()
+    # Attributes that change across rounds but never affect a later round (diagnostics, caches
+    # rebuilt every round). Any other attribute that changes and is not in checkpoint_attributes
+    # is undeclared state: checkpoints stop (``undeclared_state``), so a resume cannot differ.
+    transient_attributes: ClassVar[tuple[str, ...]] = ()
     # Where this algorithm was measured to need other defaults than its model family's
     # (``config.defaults.DEFAULTS_BY_FAMILY``): family → {setting: value}. Applied at the family
     # defaults' rank (below ``run_defaults`` and a sweep's shared defaults), recorded in config.json.
@@ -273,6 +284,18 @@ class Algorithm(Generic[H]):
                     attributes[name] = value
         return tensors, {"store_clients": self.store.clients(), "attributes": attributes}
 
+    def state_fingerprint(self) -> dict[str, str]:
+        """A digest of every attribute a checkpoint would not save (neither engine-managed nor
+        declared in ``checkpoint_attributes`` / ``transient_attributes``)."""
+        skip = {*ENGINE_ATTRIBUTES, *self.checkpoint_attributes, *self.transient_attributes}
+        return {name: fingerprint(value) for name, value in vars(self).items() if name not in skip}
+
+    def undeclared_state(self, before: dict[str, str]) -> list[str]:
+        """Attributes that appeared or changed since ``before`` (a ``state_fingerprint``) and
+        that no checkpoint saves: a run resumed from a checkpoint would lose them."""
+        now = self.state_fingerprint()
+        return sorted(name for name, digest in now.items() if before.get(name) != digest)
+
     @torch.no_grad()
     def restore_state(self, tensors: Tensors, meta: dict[str, Any]) -> None:
         """Put back what ``checkpoint_state`` saved (tensors loaded on the CPU)."""
@@ -287,8 +310,10 @@ class Algorithm(Generic[H]):
                 states[int(k)][name] = tensor.to(device)
             elif kind == "attr":
                 setattr(self, rest, tensor.to(device))
-            elif kind == "attrdict":
+            elif kind == "attrdict":  # the dict may be created lazily (in aggregate), not in __init__
                 attribute, _, key = rest.partition("/")
+                if getattr(self, attribute, None) is None:
+                    setattr(self, attribute, {})
                 getattr(self, attribute)[key] = tensor.to(device)
         for client, state in states.items():
             self.store.put(client, state)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from pflbench.engine import Federation, Observer
-from pflbench.util.cache import json_safe, load_entry, save_entry
+from pflbench.util.cache import json_safe, load_entry, save_entry, warn
 
 KIND = "pflbench-checkpoint-v1"
 DEFAULT_EVERY = 10
@@ -85,12 +85,24 @@ class CheckpointObserver(Observer):
         self.path, self.federation, self.identity_hash = path, federation, identity_hash
         self.every, self.writer, self.before, self.claim = every, writer, before, claim
         self.times: list[float] = []
+        # what a fresh (or just restored) algorithm holds beyond what a checkpoint saves
+        self.unsaved_at_start = federation.algorithm.state_fingerprint() if every else {}
 
     def on_round_end(self, record: dict[str, Any]) -> None:
         if self.claim is not None:
             self.claim.touch()
         round_index = record["round"]
         if not self.every or round_index % self.every or round_index >= self.federation.settings.rounds:
+            return
+        undeclared = self.federation.algorithm.undeclared_state(self.unsaved_at_start)
+        if undeclared:  # a resume would lose this state and silently differ: stop checkpointing
+            self.every = 0
+            self.path.unlink(missing_ok=True)
+            warn(
+                f"{type(self.federation.algorithm).__name__} changed {', '.join(undeclared)} across rounds, "
+                "which checkpoints do not save: no more checkpoints for this run (a resume starts it over). "
+                "Name server state in checkpoint_attributes (diagnostics in transient_attributes)"
+            )
             return
         started = time.perf_counter()
         self.writer.sync()  # the rounds a checkpoint counts are on disk before it

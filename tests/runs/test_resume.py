@@ -201,3 +201,89 @@ def test_stateful_clients_survive_a_kill_and_resume(algo: str, tmp_path: Path) -
     run_experiment(config(tmp_path / "killed"), resume=True)
     run_experiment(config(tmp_path / "whole"))
     assert contents(tmp_path / "killed") == contents(tmp_path / "whole")
+
+
+# A FedAvgM-like plugin whose server momentum lives in an attribute no checkpoint saves (the
+# undeclared variant) or in a dict created lazily in aggregate and declared (the declared one).
+MOMENTUM_PLUGIN = '''
+import torch
+from pflbench import Algorithm, register_algorithm, sample_weights, weighted_average
+
+
+class _Momentum(Algorithm):
+    def aggregate(self, updates):
+        average = weighted_average([u.params for u in updates], sample_weights(updates))
+        if getattr(self, "velocity", None) is None:
+            self.velocity = {n: torch.zeros_like(t) for n, t in self.global_state.items()}
+        for name, tensor in self.global_state.items():
+            self.velocity[name].mul_(0.9).add_(average[name] - tensor)
+            tensor.add_(self.velocity[name])
+
+
+@register_algorithm("momentum-undeclared")
+class Undeclared(_Momentum):
+    """Server momentum kept in an attribute no checkpoint saves."""
+
+
+@register_algorithm("momentum-declared")
+class Declared(_Momentum):
+    """Server momentum in a lazily created dict named in checkpoint_attributes."""
+
+    checkpoint_attributes = ("velocity",)
+'''
+
+
+@pytest.fixture(scope="module")
+def momentum_plugin(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from pflbench.registry import load_plugin_file
+
+    path = tmp_path_factory.mktemp("plugin") / "momentum.py"
+    path.write_text(MOMENTUM_PLUGIN)
+    load_plugin_file(path)
+    return str(path)
+
+
+def test_undeclared_server_state_stops_checkpoints_so_a_resume_cannot_differ(
+    momentum_plugin: str, tmp_path: Path, capfd: pytest.CaptureFixture
+) -> None:
+    import dataclasses
+
+    def config(out: Path) -> RunConfig:
+        return dataclasses.replace(tiny("momentum-undeclared", out), optimizer="sgd", lr=0.05)
+
+    status = killed_in_fork(config(tmp_path / "killed"), 3)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    assert "changed velocity across rounds" in capfd.readouterr().err
+    (work,) = (tmp_path / "killed" / "runs").glob(".tmp-*")
+    assert not (work / CHECKPOINT_FILE).exists()  # nothing to resume from that would lose the momentum
+    run_experiment(config(tmp_path / "killed"), resume=True)
+    run_experiment(config(tmp_path / "whole"))
+    assert contents(tmp_path / "killed") == contents(tmp_path / "whole")
+
+
+def test_declared_state_created_lazily_survives_a_kill_and_resume(momentum_plugin: str, tmp_path: Path) -> None:
+    import dataclasses
+
+    def config(out: Path) -> RunConfig:
+        return dataclasses.replace(tiny("momentum-declared", out), optimizer="sgd", lr=0.05)
+
+    status = killed_in_fork(config(tmp_path / "killed"), 3)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    (work,) = (tmp_path / "killed" / "runs").glob(".tmp-*")
+    assert (work / CHECKPOINT_FILE).is_file()
+    run_experiment(config(tmp_path / "killed"), resume=True)  # restore_state creates the dict
+    run_experiment(config(tmp_path / "whole"))
+    assert contents(tmp_path / "killed") == contents(tmp_path / "whole")
+
+
+def test_no_built_in_algorithm_keeps_state_a_checkpoint_misses(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    import dataclasses
+    from importlib.metadata import entry_points
+
+    for algo in sorted(entry.name for entry in entry_points(group="pflbench.algorithms")):  # the built-ins
+        config = dataclasses.replace(tiny(algo, tmp_path / algo), rounds=3, checkpoint_every=1)
+        if algo not in LORA:
+            config = dataclasses.replace(config, model="cnn_bn", optimizer="sgd", lr=0.05)
+        summary = run_experiment(config)
+        assert summary["checkpoints_written"] == 2, algo
+    assert "checkpoints do not save" not in capfd.readouterr().err
