@@ -17,7 +17,7 @@ from pflbench._version import __version__
 from pflbench.config.identity import identity_hash, run_identity
 from pflbench.engine import Federation
 from pflbench.runs.checkpoint import load_checkpoint, restore_checkpoint
-from pflbench.store.layout import CHECKPOINT_FILE, RunPaths, fresh_work_folder
+from pflbench.store.layout import CHECKPOINT_FILE, CONFIG_FILE, PARTITION_FILE, RunPaths, fresh_work_folder
 from pflbench.store.reader import read_rounds
 from pflbench.store.writer import RunWriter
 from pflbench.util.cache import warn
@@ -102,8 +102,14 @@ def start_or_resume(
             warn(f"cannot resume {paths.work}: {problem}; starting the run again")
         else:
             restore_checkpoint(federation, tensors, meta)
-            portable = prepared.config.portable
-            return RunWriter(paths.work, keep_rounds=meta["records"], portable=portable), records, meta["before"]
+            writer = RunWriter(paths.work, keep_rounds=meta["records"], portable=prepared.config.portable)
+            # a work folder that lost its records is made whole again (the checkpoint's identity
+            # proves the same settings), so the published run is never one nothing can read
+            if not (paths.work / CONFIG_FILE).is_file():
+                writer.write_config(config_record(prepared, plugins))
+            if not (paths.work / PARTITION_FILE).is_file():
+                writer.write_partition(prepared.partition.to_json())
+            return writer, records, meta["before"]
     writer = RunWriter(fresh_work_folder(paths), portable=prepared.config.portable)
     writer.write_config(config_record(prepared, plugins))
     writer.write_partition(prepared.partition.to_json())

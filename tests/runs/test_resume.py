@@ -287,3 +287,27 @@ def test_no_built_in_algorithm_keeps_state_a_checkpoint_misses(tmp_path: Path, c
         summary = run_experiment(config)
         assert summary["checkpoints_written"] == 2, algo
     assert "checkpoints do not save" not in capfd.readouterr().err
+
+
+def test_a_resumed_work_folder_that_lost_its_records_is_made_whole(tmp_path: Path) -> None:
+    """config.json and partition.json deleted from a killed run's work folder are written again
+    on resume: the published run reads in leaderboards and reruns like an uninterrupted one."""
+    from pflbench.store.layout import CONFIG_FILE, PARTITION_FILE
+    from pflbench.store.reader import load_runs
+
+    status = killed_in_fork(tiny("fedavg", tmp_path / "killed"), 3)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    (work,) = (tmp_path / "killed" / "runs").glob(".tmp-*")
+    (work / CONFIG_FILE).unlink()
+    (work / PARTITION_FILE).unlink()
+    run_experiment(tiny("fedavg", tmp_path / "killed"), resume=True)
+    run_experiment(tiny("fedavg", tmp_path / "whole"))
+    assert contents(tmp_path / "killed") == contents(tmp_path / "whole")
+    (run,) = [p for p in (tmp_path / "killed" / "runs").iterdir() if p.is_dir()]
+    whole = next(p for p in (tmp_path / "whole" / "runs").iterdir() if p.is_dir())
+    assert (run / PARTITION_FILE).read_text() == (whole / PARTITION_FILE).read_text()
+    assert (
+        json.loads((run / CONFIG_FILE).read_text())["identity"]
+        == json.loads((whole / CONFIG_FILE).read_text())["identity"]
+    )
+    assert load_runs(tmp_path / "killed")["run"].nunique() == 1
