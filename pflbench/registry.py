@@ -94,7 +94,10 @@ class Registry:
         if name not in items:
             close = difflib.get_close_matches(name, list(items), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"unknown {self.kind} {name!r}{hint}; valid choices: {', '.join(sorted(items))}")
+            raise ConfigError(
+                f"unknown {self.kind} {name!r}{hint}; valid choices: {', '.join(sorted(items))} "
+                f"(a {self.kind} of your own: load its file with --plugin FILE)"
+            )
         return items[name]
 
 

@@ -169,9 +169,11 @@ class PflbenchGroup(click.Group):
             where = f"{error.filename}: " if error.filename is not None else ""
             click.echo(f"Error: {where}{error.strerror or error}", err=True)
             code = 2
-        except click.Abort:
-            click.echo("Aborted!", err=True)
-            code = 1
+        except click.Abort:  # Ctrl-C: the shell's code for SIGINT, and how to continue
+            click.echo(
+                "Interrupted: an unfinished run continues with --resume (a sweep resumes when run again)", err=True
+            )
+            code = 130
         if standalone_mode:
             sys.exit(code)
         return code

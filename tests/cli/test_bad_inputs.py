@@ -175,3 +175,21 @@ def test_disk_full_during_a_run_is_one_error_line(tmp_path: Path, monkeypatch: p
     runs = tmp_path / "runs"
     assert not any((p / "summary.json").exists() for p in runs.iterdir() if p.is_dir())
     assert not list(runs.glob("*.claim"))
+
+
+def test_an_unknown_algorithm_points_at_plugin_files() -> None:
+    result = CliRunner().invoke(cli, ["run", "--algo", "fedavgm", "--dataset", "digits"])
+    assert result.exit_code == 2 and "did you mean 'fedavg'" in result.output and "--plugin FILE" in result.output
+
+
+def test_ctrl_c_exits_130_and_says_how_to_resume(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import pflbench.cli.run as run_module
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_module, "_execute_with_progress", interrupted)
+    result = CliRunner().invoke(
+        cli, ["run", "--dataset", "digits", "--model", "mlp", "--rounds", "1", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 130 and "--resume" in result.output, result.output
