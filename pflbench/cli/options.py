@@ -41,6 +41,11 @@ def _click_type(annotation: Any, choices: tuple[str, ...] | None) -> tuple[Any, 
 
 def field_option(name: str, annotation: Any, default: Any, metadata: Any) -> click.Option:
     """The option of one dataclass field (its resolved annotation, default and metadata)."""
+    if "help" not in metadata:
+        raise ConfigError(
+            f"option {_flag(name)} has no help text: declare its field as "
+            f"{name}: ... = option(default, \"what it does\") (from pflbench import option)"
+        )
     click_type, multiple = _click_type(annotation, metadata.get("choices"))
     if click_type is bool:
         decls = [f"{_flag(name)}/--no-{name.replace('_', '-')}"]

@@ -291,6 +291,7 @@ def validate(config: RunConfig) -> None:
         (config.batch_size >= 1, f"--batch-size must be ≥ 1, got {config.batch_size}"),
         (math.isfinite(lr) and lr > 0, f"--lr must be a finite number > 0, got {config.lr}"),
         (0 < config.test_frac < 1, f"--test-frac must be in (0, 1), got {config.test_frac}"),
+        (config.shards_per_client >= 1, f"--shards-per-client must be ≥ 1, got {config.shards_per_client}"),
         (config.min_size >= 2, f"--min-size must be ≥ 2 (a train and a test sample), got {config.min_size}"),
         (config.eval_every is None or config.eval_every >= 1, f"--eval-every must be ≥ 1, got {config.eval_every}"),
         (config.finetune_epochs >= 0, f"--finetune-epochs must be ≥ 0 (0 = off), got {config.finetune_epochs}"),

@@ -193,3 +193,18 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(monkeypatch: pytest.MonkeyPatch
         cli, ["run", "--dataset", "digits", "--model", "mlp", "--rounds", "1", "--out", str(tmp_path)]
     )
     assert result.exit_code == 130 and "--resume" in result.output, result.output
+
+
+def test_shards_per_client_zero_and_a_hyperparameter_without_help_are_one_clear_line(tmp_path: Path) -> None:
+    args = ["run", "--dataset", "digits", "--partition", "shards", "--shards-per-client", "0", "--out", str(tmp_path)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and "--shards-per-client must be ≥ 1, got 0" in result.output, result.output
+    plugin = tmp_path / "nohelp.py"
+    plugin.write_text(
+        "from dataclasses import dataclass\nfrom pflbench import Algorithm, register_algorithm\n\n\n"
+        "@dataclass(frozen=True)\nclass H:\n    rho: float = 0.1\n\n\n"
+        '@register_algorithm("nohelp")\nclass NoHelp(Algorithm):\n    """x"""\n\n    hyperparameters = H\n'
+    )
+    result = CliRunner().invoke(cli, ["run", "--plugin", str(plugin), "--algo", "nohelp", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "option --rho has no help text" in result.output, result.output
+    assert result.output.count("\n") == 1 and not (tmp_path / "runs").exists()
