@@ -44,7 +44,7 @@ def field_option(name: str, annotation: Any, default: Any, metadata: Any) -> cli
     if "help" not in metadata:
         raise ConfigError(
             f"option {_flag(name)} has no help text: declare its field as "
-            f"{name}: ... = option(default, \"what it does\") (from pflbench import option)"
+            f'{name}: ... = option(default, "what it does") (from pflbench import option)'
         )
     click_type, multiple = _click_type(annotation, metadata.get("choices"))
     if click_type is bool:

@@ -124,7 +124,7 @@ def pretrain_backbone(
     meta = {"key": key, "val_accuracy": accuracy, "num_train": len(train[0]), "num_val": len(val[0])}
     head = head_parameter_names(model)
     backbone = {n: t.cpu() for n, t in model.state_dict().items() if n not in head}
-    cache.save_entry(path, backbone, json.loads(json.dumps(meta, default=str)))
+    cache.save_entry(path, backbone, json.loads(json.dumps(meta, default=str)))  # the run loads it from there
     return PretrainedBackbone(path, accuracy, len(train[0]), len(val[0]), False)
 
 

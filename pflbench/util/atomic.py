@@ -12,6 +12,9 @@ outright leaves at most a ``.NAME.*.tmp`` file, never read as ``NAME``;
 temporary, which fails with ``FileExistsError`` when ``path`` exists): a claim file is never seen
 half written, and two processes never both create it.
 
+A written file gets the permissions ``open()`` would give it (0666 less the umask), not
+mkstemp's 0600: results and caches in a shared folder stay readable to whom the umask allows.
+
 Standard library only (the ground floor: imports nothing of pflbench).
 """
 
@@ -41,6 +44,7 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], object], *, excl
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path), suffix=TEMPORARY_SUFFIX)
     try:
+        os.fchmod(handle, 0o666 & ~current_umask())  # as open() would: mkstemp's 0600 hides results from a group
         with os.fdopen(handle, "wb") as file:
             write(file)
             file.flush()
@@ -54,6 +58,13 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], object], *, excl
         Path(temporary).unlink(missing_ok=True)
         raise
     fsync_folder(path.parent)
+
+
+def current_umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(path: str | Path, data: bytes, *, exclusive: bool = False) -> None:

@@ -15,8 +15,10 @@ deleted by the next write of the entry once it is clearly abandoned.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
 import pickle
 import sys
 import warnings
@@ -70,7 +72,12 @@ def save_entry(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any
         raise ValueError(f"cache metadata for {path} is not JSON-safe")
     tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()}
     meta = {**meta, HASH_KEY: content_hash(tensors, meta)}
-    atomic_write(Path(path), lambda file: torch.save({"state_dict": tensors, "meta": meta}, file))
+    try:
+        atomic_write(Path(path), lambda file: torch.save({"state_dict": tensors, "meta": meta}, file))
+    except RuntimeError as error:  # torch.save reports a full disk as RuntimeError, not OSError
+        if "No space left" not in str(error) and "errno 28" not in str(error).lower():
+            raise
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from error
     remove_stale_temporaries(Path(path))
     return meta[HASH_KEY]
 
@@ -112,6 +119,9 @@ def load_entry(
     """
     path = Path(path)
     if not path.exists():
+        return None
+    if not os.access(path, os.R_OK):  # someone else's entry: never delete what we cannot even read
+        warn(f"cannot read cache file {path} (permission denied); rebuilding without it")
         return None
     try:
         tensors, meta = _read(path)

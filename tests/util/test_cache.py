@@ -334,3 +334,54 @@ def test_fingerprint_names_size_and_mtime_of_every_file(tmp_path: Path) -> None:
     assert [name for name, _, _ in fingerprint["files"]] == ["cat/0.png", "cat/1.png", "dog/0.png", "dog/1.png"]
     stat = (root / "cat" / "0.png").stat()
     assert fingerprint["files"][0][1:] == [stat.st_size, stat.st_mtime_ns]
+
+
+def test_written_files_follow_the_umask(tmp_path: Path) -> None:
+    import os
+
+    import torch
+
+    from pflbench.util.atomic import atomic_write_text
+    from pflbench.util.cache import save_entry
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "summary.json", "{}")
+        save_entry(tmp_path / "entry.pt", {"w": torch.ones(2)}, {"kind": "x"})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "summary.json").stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+    assert (tmp_path / "entry.pt").stat().st_mode & 0o777 == 0o644
+
+
+def test_an_unreadable_entry_is_never_deleted(tmp_path: Path, capsys) -> None:
+    import os
+
+    import torch
+
+    from pflbench.util.cache import load_entry, save_entry
+
+    save_entry(tmp_path / "entry.pt", {"w": torch.ones(2)}, {"kind": "x"})
+    if os.geteuid() == 0:
+        pytest.skip("root reads every file: the permission case cannot be built here")
+    (tmp_path / "entry.pt").chmod(0o000)
+    assert load_entry(tmp_path / "entry.pt") is None
+    assert (tmp_path / "entry.pt").exists() and "permission denied" in capsys.readouterr().err
+
+
+def test_a_full_disk_while_saving_an_entry_is_an_os_error(tmp_path: Path, monkeypatch) -> None:
+    import errno
+
+    import torch
+
+    from pflbench.util import cache
+
+    def full(*args, **kwargs):
+        raise RuntimeError(
+            "[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0: No space left on device"
+        )
+
+    monkeypatch.setattr(cache.torch, "save", full)
+    with pytest.raises(OSError) as raised:
+        cache.save_entry(tmp_path / "entry.pt", {"w": torch.ones(2)}, {"kind": "x"})
+    assert raised.value.errno == errno.ENOSPC and not list(tmp_path.iterdir())  # no temporary left
