@@ -17,6 +17,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import multiprocessing
+import os
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -24,6 +27,7 @@ from typing import Any
 
 from pflbench.registry import load_plugin_file
 from pflbench.sweeps.one import outcome_of, run_one
+from pflbench.sweeps.record import write_error
 from pflbench.util.threads import threads_per_job
 
 _LOADED_PLUGINS: set[str] = set()
@@ -68,6 +72,19 @@ def with_job_threads(run: Any, jobs: int) -> Any:
     return run
 
 
+def die_with_parent(parent: int) -> None:
+    """Worker initializer: end this worker when the sweep's driver dies (SIGKILL, the OOM killer),
+    instead of running queued runs unasked and idling forever. A watcher thread sees the worker
+    reparented (its parent id changes) within a second."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="pflbench-parent-watch", daemon=True).start()
+
+
 def run_parallel(
     todo: list[tuple[int, Any]],
     jobs: int,
@@ -76,23 +93,57 @@ def run_parallel(
 ) -> None:
     """Run ``todo`` ((index, run) pairs) on ``jobs`` processes; ``finished(index, run, summary)``
     after each, in completion order. KeyboardInterrupt marks the runs in flight ``interrupted``,
-    cancels the rest (they stay ``pending``) and propagates."""
+    cancels the rest (they stay ``pending``) and propagates.
+
+    A worker that dies (SIGKILL, the OOM killer) takes the pool down, and with it the runs in
+    flight on the other workers. Those runs are then run again one at a time (they resume from
+    their checkpoints): the one whose worker dies alone is recorded ``failed``, the others finish,
+    and the runs not started yet go on in a fresh pool."""
+    waiting = dispatch_order(todo)
+    while waiting:
+        suspects, waiting = _run_pool(waiting, jobs, jobs, plugins, finished)
+        for suspect in suspects:  # alone: a pool that breaks now names the run that broke it
+            died_alone, _ = _run_pool([suspect], 1, jobs, plugins, finished)
+            for index, run in died_alone:
+                run.status, run.error = "failed", "its worker process died (killed: out of memory?)"
+                write_error(run, RuntimeError(run.error))
+                finished(index, run, None)
+
+
+def _run_pool(
+    items: list[tuple[int, Any]],
+    width: int,
+    jobs: int,
+    plugins: tuple[str, ...],
+    finished: Callable[[int, Any, dict[str, Any] | None], None],
+) -> tuple[list[Any], list[tuple[int, Any]]]:
+    """Run ``items`` on a fresh pool of ``width`` workers, at most ``width`` at a time (so the
+    runs in flight are the runs running). Returns ``(in flight when a worker died, not started)``,
+    both empty when no worker died."""
     context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context)
+    pool = ProcessPoolExecutor(width, mp_context=context, initializer=die_with_parent, initargs=(os.getpid(),))
+    pending = list(items)
     in_flight: dict[Future, tuple[int, Any]] = {}
     try:
-        for index, run in dispatch_order(todo):
-            in_flight[pool.submit(run_in_worker, with_job_threads(run, jobs), plugins)] = (index, run)
-        while in_flight:
+        while pending or in_flight:
+            while pending and len(in_flight) < width:
+                index, run = pending.pop(0)
+                in_flight[pool.submit(run_in_worker, with_job_threads(run, jobs), plugins)] = (index, run)
             done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+            broken = False
             for future in done:
                 index, run = in_flight.pop(future)
                 try:
                     run.status, summary, run.error = future.result()
-                except BrokenProcessPool as error:
-                    run.status, summary = "failed", None
-                    run.error = f"worker process died ({type(error).__name__}: {error})"
+                except BrokenProcessPool:
+                    broken = True
+                    in_flight[future] = (index, run)
+                    continue
                 finished(index, run, summary)
+            if broken:  # every run still in flight died with the pool
+                suspects = list(in_flight.values())
+                pool.shutdown(wait=True, cancel_futures=True)
+                return suspects, pending
     except KeyboardInterrupt:
         for future, (_, run) in in_flight.items():
             if future.running():  # started: its folder lacks summary.json, the next sweep redoes it
@@ -100,3 +151,4 @@ def run_parallel(
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
+    return [], []

@@ -128,3 +128,87 @@ def test_dispatch_order_groups_seeds_of_one_setting_and_puts_the_most_work_first
     longer = dataclasses.replace(runs[5].config, rounds=10)
     runs[5] = dataclasses.replace(runs[5], config=longer)
     assert dispatch_order(list(enumerate(runs)))[0] == (5, runs[5])
+
+
+def test_one_dead_worker_fails_only_its_own_run(tmp_path) -> None:
+    """SIGKILL of one worker (what the OOM killer does) breaks the pool; only the run that was on
+    it is recorded failed (with an error.json), every other run of the sweep finishes."""
+    plugin = tmp_path / "oom.py"
+    plugin.write_text(
+        textwrap.dedent("""
+        import os
+        import signal
+
+        from pflbench import register_algorithm
+        from pflbench.algorithms.fedavg import FedAvg
+
+        @register_algorithm("test_jobs_oom")
+        class OutOfMemory(FedAvg):
+            def aggregate(self, updates):
+                if self.config.seed == 1:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return super().aggregate(updates)
+    """)
+    )
+    load_plugin_file(plugin)
+    grid = Grid(("fedavg", "test_jobs_oom"), ("digits",), (0.5,), (0, 1, 2))
+    base = RunConfig(model="mlp", num_clients=3, rounds=2, lr=0.05, out=str(tmp_path / "out"))
+    runs = expand_grid(base, grid)
+    run_sweep(runs, tmp_path / "record.json", grid, base, (str(plugin),), jobs=2)
+    statuses = {(r.config.algo, r.config.seed): r.status for r in runs}
+    assert statuses.pop(("test_jobs_oom", 1)) == "failed"
+    assert set(statuses.values()) == {"done"}, statuses
+    (dead,) = [r for r in runs if r.status == "failed"]
+    assert "worker process died" in dead.error and (dead.run_dir / "error.json").is_file()
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert record["counts"]["done"] == 5 and record["counts"]["failed"] == 1
+
+
+def test_workers_die_with_a_killed_driver(tmp_path) -> None:
+    """SIGKILL the driver of ``sweep --jobs 2``: its workers end too instead of running on."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    command = [
+        sys.executable, "-c", "import sys; from pflbench.cli import main; sys.argv[0] = 'pflbench'; main()",
+        "sweep", "--algos", "fedavg", "--datasets", "digits", "--seeds", "0,1,2,3", "--model", "mlp",
+        "--rounds", "200", "--num-clients", "3", "--jobs", "2", "--quiet", "--out", str(tmp_path),
+    ]  # fmt: skip
+    driver = subprocess.Popen(command, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    def children() -> list[int]:
+        found = []
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+            except OSError:
+                continue
+            if fields.get("PPid", "").strip() == str(driver.pid):
+                found.append(int(status.parent.name))
+        return found
+
+    deadline = time.time() + 60
+    while (
+        time.time() < deadline
+        and len(list((tmp_path / "runs").glob(".tmp-*")) if (tmp_path / "runs").exists() else []) < 2
+    ):
+        time.sleep(0.5)  # both workers have started a run
+    workers = children()
+    assert workers, "no worker processes found"
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    deadline = time.time() + 15
+    alive = workers
+    while alive and time.time() < deadline:
+        time.sleep(0.5)
+        alive = [
+            pid
+            for pid in workers
+            if Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text()
+        ]
+    for pid in alive:  # do not leave them behind if the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"workers {alive} outlived their driver"
