@@ -20,6 +20,11 @@ import click
 )
 @click.option("--log", multiple=True, help="Experiment tracker(s) for the rerun: tensorboard, mlflow.")
 @click.option("--mlflow-uri", default=None, help="MLflow tracking URI for --log mlflow.")
+@click.option(
+    "--plugin",
+    multiple=True,
+    help="Plugin file the run used (repeatable): a run folder's own plugin paths are never imported.",
+)
 @click.option("--check", is_flag=True, help="Exit with code 1 if the rerun's metrics differ from the original's.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def rerun_command(
@@ -28,12 +33,14 @@ def rerun_command(
     save_model: bool | None,
     log: tuple[str, ...],
     mlflow_uri: str | None,
+    plugin: tuple[str, ...],
     check: bool,
     quiet: bool,
 ) -> int:
-    """Run RUN_DIR's experiment again from its config.json (every resolved setting, the
-    algorithm's hyperparameters, the plugins) into a new folder, then compare the metrics
-    with the original's rounds.jsonl (timings aside; identical on the CPU)."""
+    """Run RUN_DIR's experiment again from its config.json (every resolved setting and the
+    algorithm's hyperparameters) into a new folder, then compare the metrics with the original's
+    rounds.jsonl (timings aside; identical on the CPU). Nothing in RUN_DIR is executed: a run
+    that used plugin code needs --plugin FILE; trackers log only where --log says."""
     from pflbench.cli.run import _execute_with_progress, _summary_line
     from pflbench.config.identity import identity_hash, run_identity
     from pflbench.runs.execute import execute
@@ -46,7 +53,7 @@ def rerun_command(
         overrides["log"] = log
     if mlflow_uri is not None:
         overrides["mlflow_uri"] = mlflow_uri
-    prepared, recorded = prepare_rerun(run_dir, out, overrides)
+    prepared, recorded = prepare_rerun(run_dir, out, overrides, plugin)
     identity = identity_hash(run_identity(prepared.config, type(prepared.algorithm), prepared.algorithm.hparams))
     if recorded.identity_hash and identity != recorded.identity_hash:
         click.echo(
@@ -55,9 +62,9 @@ def rerun_command(
             err=True,
         )
     if quiet:
-        summary = execute(prepared, plugins=recorded.plugins)
+        summary = execute(prepared, plugins=plugin)
     else:
-        summary = _execute_with_progress(prepared, recorded.plugins, execute)
+        summary = _execute_with_progress(prepared, plugin, execute)
     click.echo(_summary_line(summary))
     differences = compare_rounds(recorded.run_dir, prepared.run_dir)
     if not differences:

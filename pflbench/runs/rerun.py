@@ -90,20 +90,30 @@ def default_rerun_out(run_dir: Path) -> Path:
 
 
 def prepare_rerun(
-    run_dir: str | Path, out: str | Path | None = None, overrides: dict[str, Any] | None = None
+    run_dir: str | Path,
+    out: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    plugins: tuple[str, ...] = (),
 ) -> tuple[Any, RecordedRun]:
-    """Load the plugins, rebuild the run into ``out`` (default ``default_rerun_out``) and check
-    that its folder is not the original and is still empty. ``overrides``: RunConfig settings
-    that do not change the numbers (``save_model``, ``log``, ``mlflow_uri``, ``device``)."""
+    """Rebuild the run into ``out`` (default ``default_rerun_out``) and check that its folder is
+    not the original and is still empty. ``overrides``: RunConfig settings that do not change
+    the numbers (``save_model``, ``log``, ``mlflow_uri``, ``device``).
 
+    A run folder may come from anyone, so nothing in it is executed or contacted: plugin code
+    runs only from the files given in ``plugins`` (``--plugin FILE``; one per plugin the run
+    used), and trackers only as ``overrides`` ask (never the recorded ``log``/``mlflow_uri``)."""
     recorded = read_recorded_run(run_dir)
-    for plugin in recorded.plugins:
-        try:
-            load_plugin_file(plugin)
-        except (OSError, ConfigError) as error:
-            raise ConfigError(f"the run used plugin {plugin!r}, which cannot be loaded: {error}") from None
+    if len(plugins) < len(recorded.plugins):
+        used = ", ".join(Path(p).name for p in recorded.plugins)
+        raise ConfigError(
+            f"the run used plugin code ({used}); rerun runs no code named in a run folder: "
+            "read the file(s) and pass each with --plugin FILE"
+        )
+    for plugin in plugins:
+        load_plugin_file(plugin)
     target = Path(out) if out is not None else default_rerun_out(recorded.run_dir)
-    config = dataclasses.replace(recorded.config, out=str(target), **(overrides or {}))
+    untracked = {"log": (), "mlflow_uri": None}  # the recorded tracker address is never used unasked
+    config = dataclasses.replace(recorded.config, out=str(target), **{**untracked, **(overrides or {})})
     prepared = prepare(config, recorded.algo_options)
     prepared.resolved["rerun_of"] = {
         "run_dir": str(recorded.run_dir.resolve()),

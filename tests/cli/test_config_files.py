@@ -208,5 +208,5 @@ def test_config_file_plugin_registers_its_algorithm_and_reruns(tmp_path: Path) -
     (folder,) = list((tmp_path / "out" / "runs").iterdir())
     recorded = json.loads((folder / "config.json").read_text())
     assert recorded["algo_hparams"] == {"damp": 0.9} and recorded["plugins"] == [str(plugin)]
-    code, output = invoke("rerun", str(folder), "--quiet", "--check")
+    code, output = invoke("rerun", str(folder), "--quiet", "--check", "--plugin", str(plugin))
     assert code == 0 and "metrics identical" in output, output

@@ -124,3 +124,26 @@ def test_rerun_check_of_a_finetuned_run_compares_no_timing(tmp_path: Path) -> No
     assert "finetune_time_s" in (original / "rounds.jsonl").read_text()
     code, output = invoke("rerun", str(original), "--quiet", "--check")
     assert code == 0 and "metrics identical" in output, output
+
+
+def test_rerun_runs_no_code_and_contacts_no_tracker_named_in_the_folder(tmp_path: Path) -> None:
+    """A received run folder names a plugin file (whose import would leave a mark) and an MLflow
+    address: rerun imports nothing it was not given and logs to no recorded tracker."""
+    marker = tmp_path / "imported"
+    plugin = tmp_path / "evil_plugin.py"
+    plugin.write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).touch()\n"
+        "from pflbench import register_algorithm\nfrom pflbench.algorithms.fedavg import FedAvg\n\n\n"
+        '@register_algorithm("test_rerun_evil")\nclass Evil(FedAvg):\n    """x"""\n'
+    )
+    code, output = invoke("run", *TINY, "--out", str(tmp_path / "out"))
+    assert code == 0, output
+    (original,) = list((tmp_path / "out" / "runs").iterdir())
+    record = json.loads((original / "config.json").read_text())
+    record.update(plugins=[str(plugin)], log=["mlflow"], mlflow_uri="http://192.0.2.1:5000")
+    (original / "config.json").write_text(json.dumps(record))
+    code, output = invoke("rerun", str(original), "--quiet")
+    assert code == 2 and "--plugin FILE" in output and not marker.exists(), output
+    prepared, _ = prepare_rerun(original, tmp_path / "again", plugins=(str(plugin),))
+    assert marker.exists()  # given explicitly: loaded
+    assert prepared.config.log == () and prepared.config.mlflow_uri is None
