@@ -25,7 +25,7 @@ from pflbench.sweeps.grid import (
 )
 from pflbench.sweeps.one import outcome_of, run_one
 from pflbench.sweeps.parallel import run_parallel
-from pflbench.sweeps.record import _write_record
+from pflbench.sweeps.record import SweepRecord
 
 
 def run_sweep(
@@ -37,7 +37,7 @@ def run_sweep(
     report: Callable[[int, SweepRun, dict[str, Any] | None], None] | None = None,
     jobs: int = 1,
 ) -> None:
-    """Run (or skip) each run, rewriting the sweep record ``record`` after each.
+    """Run (or skip) each run, keeping the sweep record ``record`` up to date (``SweepRecord``).
 
     ``jobs`` > 1 runs that many at once in worker processes (``sweeps.parallel``), each with
     ``max(1, threads // jobs)`` threads; ``report`` then comes in completion order. A
@@ -45,10 +45,11 @@ def run_sweep(
     so the next sweep redoes them), writes the record and propagates.
     """
     record.parent.mkdir(parents=True, exist_ok=True)
-    _write_record(record, grid, base, runs)
+    sweep_record = SweepRecord(record, grid, base, runs)
+    sweep_record.update(force=True)
 
     def finished(index: int, run: SweepRun, summary: dict[str, Any] | None) -> None:
-        _write_record(record, grid, base, runs)
+        sweep_record.update()
         if report is not None:
             report(index, run, summary)
 
@@ -60,13 +61,14 @@ def run_sweep(
         elif jobs > 1:
             todo.append((index, run))
         else:
-            finished(index, run, _run_here(run, plugins, lambda: _write_record(record, grid, base, runs)))
+            finished(index, run, _run_here(run, plugins, lambda: sweep_record.update(force=True)))
     if todo:
         try:
             run_parallel(todo, jobs, plugins, finished)
         except KeyboardInterrupt:
-            _write_record(record, grid, base, runs)
+            sweep_record.update(force=True)
             raise
+    sweep_record.update(force=True)
 
 
 def _run_here(run: SweepRun, plugins: tuple[str, ...], write_record: Callable[[], None]) -> dict[str, Any] | None:

@@ -54,7 +54,7 @@ from pflbench.store.layout import (
 )
 from pflbench.store.writer import write_json
 from pflbench.sweeps.parallel import dispatch_order
-from pflbench.sweeps.record import _write_record
+from pflbench.sweeps.record import SweepRecord
 from pflbench.util.ray_cluster import connect
 
 TASK_RETRIES = 3  # re-executions of a run whose worker died
@@ -240,7 +240,8 @@ def run_sweep_on_ray(
                     run.config, run.algo_options, run.name, sources, plugins, sys.argv, max(1, int(cpus_per_run))
                 )
             ] = index
-        _write_record(record, grid, base, runs)
+        sweep_record = SweepRecord(record, grid, base, runs)
+        sweep_record.update(force=True)
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=CLAIM_TOUCH_S)
             for claim in claims.values():  # the heartbeat that keeps other hosts off these runs
@@ -256,14 +257,14 @@ def run_sweep_on_ray(
                 result = {"status": "failed", "error": problem, "files": {}, "worker": None}
             summary = accept(run, result)
             claims.pop(index).release()
-            _write_record(record, grid, base, runs)
+            sweep_record.update(force=not pending)
             if report is not None:
                 report(index, run, summary)
     except KeyboardInterrupt:
         for ref, index in pending.items():
             ray.cancel(ref, force=True)
             runs[index].status = "interrupted"
-        _write_record(record, grid, base, runs)
+        SweepRecord(record, grid, base, runs).update(force=True)
         raise
     finally:
         release_all(claims)

@@ -221,3 +221,23 @@ def test_flexlora_grid_with_a_lora_rank_resolves_like_the_run(tmp_path) -> None:
     assert run.config == single.config and run.run_dir == single.run_dir
     with pytest.raises(ConfigError, match="--lora-rank is the rank of --rank-dist homo"):
         expand_grid(base, Grid(["flexlora"], ["digits"], [0.5], [0], {}))
+
+
+def test_the_sweep_record_is_rewritten_at_a_bounded_rate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resuming a finished 300-run sweep (every run skipped in well under a second) rewrites the
+    record twice (start and end), not 301 times: the bytes written stay proportional."""
+    from pflbench.sweeps import record as record_module
+
+    base = RunConfig(model="mlp", num_clients=3, rounds=1, out=str(tmp_path))
+    the_grid = Grid(("fedavg",), ("digits",), (0.5,), tuple(range(300)))
+    runs = expand_grid(base, the_grid)
+    for run in runs:  # finished runs: the sweep skips them
+        run.run_dir.mkdir(parents=True)
+        (run.run_dir / "summary.json").write_text("{}")
+    writes = []
+    real = record_module.write_json
+    monkeypatch.setattr(record_module, "write_json", lambda path, data: (writes.append(path), real(path, data)))
+    path = sweep_record_path(base.out, the_grid, base)
+    run_sweep(runs, path, the_grid, base)
+    assert {r.status for r in runs} == {"skipped"} and len(writes) == 2
+    assert json.loads(path.read_text())["counts"]["skipped"] == 300
