@@ -239,7 +239,7 @@ class FedSDG(Algorithm[FedSDGHyperparameters]):
     """Shared + gated private LoRA per block; alignment-weighted aggregation of the shared part."""
 
     display_name = "FedSDG"
-    paper = "design notes 000/001 (SPEC §4)"
+    paper = "pflbench's FedSDG (README, FedSDG section)"
     hyperparameters = FedSDGHyperparameters
     program_class = FedSDGProgram
 

@@ -22,6 +22,8 @@ from pflbench.config.defaults import AUTO_FIELDS, BASE_DEFAULTS, family_defaults
 from pflbench.config.groups import ExecutorSpec, FederationSpec, InitSpec, LocalSpec, PartitionSpec
 from pflbench.errors import ConfigError
 
+MAX_THREADS = 1024  # torch's thread pool crashes far above any machine's cores (100000: a segfault)
+
 
 def option(default: Any, help: str, **metadata: Any) -> Any:
     """A dataclass field with a default and the help text the CLI shows."""
@@ -302,7 +304,10 @@ def validate(config: RunConfig) -> None:
         ),
         (config.seed >= 0, f"--seed must be ≥ 0, got {config.seed}"),
         (config.checkpoint_every >= 0, f"--checkpoint-every must be ≥ 0 (0 = never), got {config.checkpoint_every}"),
-        (config.threads >= 0, f"--threads must be ≥ 0 (0 = every usable core), got {config.threads}"),
+        (
+            0 <= config.threads <= MAX_THREADS,
+            f"--threads must be in [0, {MAX_THREADS}] (0 = every usable core), got {config.threads}",
+        ),
         (config.momentum >= 0 and config.weight_decay >= 0, "--momentum and --weight-decay must be ≥ 0"),
         (0 <= public_frac < 1, f"--public-frac must be in [0, 1), got {config.public_frac}"),
         (config.lora_rank is None or config.lora_rank >= 1, f"--lora-rank must be ≥ 1, got {config.lora_rank}"),

@@ -40,6 +40,8 @@ def resolve_device(name: str) -> torch.device:
         raise ConfigError(f"--device {name!r} is not a torch device (cpu, cuda, cuda:1, ...)") from error
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"--device {name!r}: CUDA is not available on this machine; use --device cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"--device {name!r}: MPS (Apple GPU) is not available on this machine; use --device cpu")
     if device.type not in ("cpu", "cuda", "mps"):
         raise ConfigError(f"--device {name!r} is not supported; use cpu or cuda")
     return device

@@ -56,6 +56,8 @@ CASES = [
     (RUN + ["--shards-per-client", "3"], "--shards-per-client 3 would be ignored"),
     (RUN + ["--partition", "iid", "--alpha", "0.1"], "--alpha 0.1 would be ignored"),
     (RUN + ["--head-layers", "2"], "--head-layers 2 would be ignored"),
+    (RUN + ["--threads", "100000"], "--threads must be in [0, 1024]"),
+    (RUN + ["--device", "mps"], "MPS (Apple GPU) is not available on this machine"),
     (RUN + ["--pretrain-epochs", "5"], "--pretrain-epochs 5 would be ignored"),
     # run: outputs
     (RUN + ["--out", "FILE"], "cannot write FILE: it is a file"),
