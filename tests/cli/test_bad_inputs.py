@@ -4,6 +4,8 @@ exactly one ``Error:`` line on stderr naming the bad value, no traceback, nothin
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -207,6 +209,9 @@ def test_shards_per_client_zero_and_a_hyperparameter_without_help_are_one_clear_
         "@dataclass(frozen=True)\nclass H:\n    rho: float = 0.1\n\n\n"
         '@register_algorithm("nohelp")\nclass NoHelp(Algorithm):\n    """x"""\n\n    hyperparameters = H\n'
     )
-    result = CliRunner().invoke(cli, ["run", "--plugin", str(plugin), "--algo", "nohelp", "--out", str(tmp_path)])
-    assert result.exit_code == 2 and "option --rho has no help text" in result.output, result.output
-    assert result.output.count("\n") == 1 and not (tmp_path / "runs").exists()
+    # in a fresh interpreter: a registered algorithm without help texts breaks every later command
+    code = "import sys; from pflbench.cli import main; sys.argv[0] = 'pflbench'; main()"
+    args = ["run", "--plugin", str(plugin), "--algo", "nohelp", "--out", str(tmp_path)]
+    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=False)
+    assert result.returncode == 2 and "option --rho has no help text" in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "runs").exists()
