@@ -4,8 +4,9 @@ What it shows: an ``aggregate`` override with server state of its own — a mome
 and the one line that makes a run with such state resume exactly after a kill:
 ``checkpoint_attributes = ("velocity",)``. ``global_state`` and the client store are saved by
 default; any other attribute the server changes across rounds must be named there (a tensor, a
-dict of tensors created in ``__init__``, or a JSON-able value), or the resumed run silently
-restarts it from its initial value. Attributes set once in ``__init__`` need nothing.
+dict of tensors, or a JSON-able value). Without it the engine notices the attribute change at the
+first checkpoint, warns naming it and writes no checkpoints for the run (a resume then starts
+over). Attributes set once in ``__init__`` need nothing.
 
 The algorithm is FedAvgM (Hsu, Qi & Brown 2019, arXiv:1909.06335): clients train as in FedAvg;
 with w̄ = Σ_k n_k·w_k / Σ_k n_k the average of the round's uploads, the server takes a momentum
