@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pflbench.errors import ConfigError
+from pflbench.store.writer import without_local_paths
+from pflbench.util.atomic import atomic_write_text
 
 if TYPE_CHECKING:
     from pflbench.config.run_config import RunConfig
@@ -65,7 +67,8 @@ def partition_document(
     test: Sequence[np.ndarray],
     public: np.ndarray,
 ) -> dict[str, Any]:
-    """The export JSON object (see the module docstring)."""
+    """The export JSON object (see the module docstring). Always portable: a file made to be
+    shared names no local absolute path (``store.writer.without_local_paths``)."""
     settings = {
         k: v
         for k, v in dataclasses.asdict(config).items()
@@ -83,26 +86,29 @@ def partition_document(
             "partition_file",
         )
     }
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "dataset": {
-            "name": config.dataset,
-            "size": int(len(dataset.labels)),
-            "num_classes": int(dataset.num_classes),
-            "source": dataset.source,
-        },
-        "num_clients": len(train),
-        "clients": [{"train": np.asarray(tr).tolist(), "test": np.asarray(te).tolist()} for tr, te in zip(train, test)],
-        "public": np.asarray(public).tolist(),
-        "settings": settings,
-    }
+    return without_local_paths(
+        {
+            "format": FORMAT,
+            "version": VERSION,
+            "dataset": {
+                "name": config.dataset,
+                "size": int(len(dataset.labels)),
+                "num_classes": int(dataset.num_classes),
+                "source": dataset.source,
+            },
+            "num_clients": len(train),
+            "clients": [
+                {"train": np.asarray(tr).tolist(), "test": np.asarray(te).tolist()} for tr, te in zip(train, test)
+            ],
+            "public": np.asarray(public).tolist(),
+            "settings": settings,
+        }
+    )
 
 
 def export_partition(path: str | Path, document: dict[str, Any]) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document))
+    atomic_write_text(path, json.dumps(document))
     return path
 
 

@@ -464,3 +464,20 @@ def test_a_poisoned_pfllib_file_does_not_run_code(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="refusing to load"):
         safe_pickled_npz_entry(bad, "data")
     assert not marker.exists()
+
+
+def test_an_exported_partition_names_no_local_path(tmp_path: Path) -> None:
+    """A partition file is made to be shared: the data's absolute path becomes ``<local>/NAME``."""
+    from types import SimpleNamespace
+
+    from pflbench.data.presets import export_partition, partition_document
+
+    dataset = SimpleNamespace(
+        labels=np.zeros(4), num_classes=2, source="image folder /home/alice/secret/pics (4 images)"
+    )
+    config = RunConfig(dataset="imagefolder", partition_file="/home/alice/splits/mine.json")
+    document = partition_document(config, dataset, [np.array([0, 1])], [np.array([2, 3])], np.zeros(0, dtype=int))
+    path = export_partition(tmp_path / "split.json", document)
+    text = path.read_text()
+    assert "/home/alice" not in text and "<local>/pics" in text and "<local>/mine.json" in text
+    assert read_partition_file(path).num_clients == 1
