@@ -19,6 +19,9 @@ from pflbench.config.run_config import RunConfig
 from pflbench.registry import PARTITIONERS
 from pflbench.util.hashing import settings_hash
 
+# Settings a run's identity leaves out at these values (the numbers are those of the default;
+# --executor ray gives sequential's numbers too): how a table names a run that omits them.
+OMITTED_AT_DEFAULT: dict[str, Any] = {"executor": "sequential", "finetune_epochs": 0}
 RUN_HASH_LENGTH = 8  # a run folder's name ends in the first 8 characters of its identity's hash
 
 # RunConfig field → the keyword a partitioner function takes for it. A partitioner reads a
@@ -92,7 +95,7 @@ def run_identity(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dic
         identity["head_layers"] = config.head_layers
     if config.executor not in ("sequential", "ray"):  # ray gives sequential's numbers: the same run
         identity["executor"] = config.executor
-    if config.finetune_epochs:
+    if config.finetune_epochs != OMITTED_AT_DEFAULT["finetune_epochs"]:
         identity["finetune_epochs"] = config.finetune_epochs
     if config.pretrained or config.weights:
         identity.update(pretrained=config.pretrained, weights=config.weights)

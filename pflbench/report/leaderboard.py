@@ -20,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from pflbench.config.identity import OMITTED_AT_DEFAULT
 from pflbench.errors import ConfigError
 from pflbench.report import stats
 from pflbench.report.names import display_name, quantity, setup_text
@@ -42,6 +43,11 @@ def _flat(key: str) -> dict[str, Any]:
 def _varying(settings: list[dict[str, Any]]) -> list[str]:
     names = sorted(set().union(*settings))
     return [n for n in names if len({json.dumps(s.get(n), default=str) for s in settings}) > 1]
+
+
+def _setting(settings: dict[str, Any], name: str) -> Any:
+    """A run's value of ``name``; one its identity omits at the default is that default."""
+    return settings.get(name, OMITTED_AT_DEFAULT.get(name))
 
 
 def _value_text(value: Any) -> str:
@@ -70,7 +76,7 @@ def row_labels(frame: pd.DataFrame, renames: Mapping[str, str] | None = None) ->
         statuses = group["status"] if "status" in group else [None] * len(group)
         for run, key, status in zip(group["run"], group["config_key"], statuses):
             setting = _flat(key)
-            detail = ", ".join(f"{n}={_value_text(setting.get(n))}" for n in sorted(conflicts))
+            detail = ", ".join(f"{n}={_value_text(_setting(setting, n))}" for n in sorted(conflicts))
             label = f"{name} ({detail})" if detail else name
             labels[run] = f"{label} [{status}]" if isinstance(status, str) else label
     if renames:  # a full row label can be renamed too
@@ -85,7 +91,7 @@ def differing_settings(frame: pd.DataFrame) -> dict[str, list[str]]:
     labelled = set().union(*(_conflicts(group) for _, group in runs.groupby("algo")))
     settings = [json.loads(k)["run"] for k in runs["config_key"].unique()]
     names = [n for n in _varying(settings) if n not in labelled] if settings else []
-    return {n: sorted({_value_text(s.get(n)) for s in settings}) for n in names}
+    return {n: sorted({_value_text(_setting(s, n)) for s in settings}) for n in names}
 
 
 def final_values(

@@ -106,3 +106,15 @@ def test_partition_shows_only_what_the_partitioner_reads() -> None:
         result = CliRunner().invoke(cli, ["partition", "--dataset", "digits", "--num-clients", "4", *extra])
         first = result.output.splitlines()[0]
         assert result.exit_code == 0 and shown in first and not any(h in first for h in hidden), result.output
+
+
+def test_a_setting_the_identity_omits_at_its_default_is_labelled_with_it(tmp_path: Path) -> None:
+    from pflbench.report.leaderboard import row_labels
+    from pflbench.store.reader import load_runs
+
+    tiny = ["--dataset", "digits", "--model", "mlp", "--num-clients", "3", "--rounds", "1", "--quiet"]
+    for executor in ("sequential", "vmap"):
+        result = CliRunner().invoke(cli, ["run", *tiny, "--executor", executor, "--out", str(tmp_path)])
+        assert result.exit_code == 0, result.output
+    labels = sorted(row_labels(load_runs(tmp_path)).values())
+    assert labels == ["FedAvg (executor=sequential)", "FedAvg (executor=vmap)"]  # not "executor=none"
