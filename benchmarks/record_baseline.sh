@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Record rounds.jsonl of every built-in algorithm (small settings) into $1, to compare a
-# refactoring's numbers bit for bit: benchmarks/compare_rounds.py BEFORE AFTER.
+# refactoring's numbers bit for bit: benchmarks/compare_rounds.py BEFORE AFTER. (--val-frac 0: the
+# numbers of runs without a validation split, comparable with baselines recorded before it existed.)
 set -euo pipefail
 out=${1:?usage: record_baseline.sh OUTDIR}
 export OMP_NUM_THREADS=1 PFLBENCH_CACHE=${PFLBENCH_CACHE:-$out/cache}
-base="--dataset digits --alpha 0.3 --num-clients 8 --rounds 3 --lr 0.05 --quiet"
-lora="--pretrain-epochs 2 --rounds 2 --num-clients 6 --frac 0.5"
+base="--dataset digits --alpha 0.3 --num-clients 8 --rounds 3 --lr 0.05 --val-frac 0 --quiet"
+lora="--pretrain-epochs 2 --rounds 2 --num-clients 6 --frac 0.5 --val-frac 0"
 run() { name=$1; shift; pflbench run "$@" --out "$out/$name" > /dev/null; echo "recorded $name"; }
 run fedavg   --algo fedavg   $base
 run fedavg_m --algo fedavg   $base --momentum 0.9 --max-grad-norm 1.0 --frac 0.5

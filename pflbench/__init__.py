@@ -5,8 +5,9 @@ The plugin-facing API is importable from here (one import for a plugin author)::
     from pflbench import Algorithm, ClientProgram, LocalPhase, option, register_algorithm
 
 Names that need torch are loaded on first access, so ``pflbench --help`` and ``pflbench list``
-stay fast. This face holds only what a plugin uses; the library's entry point for running an
-experiment is ``pflbench.runs.api.run_experiment``.
+stay fast. This face holds only what a plugin uses, plus ``load_model`` (a run's saved model and
+its input transform); the library's entry point for running an experiment is
+``pflbench.runs.api.run_experiment``.
 """
 
 from __future__ import annotations
@@ -15,8 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 from pflbench._version import __version__ as __version__
 from pflbench.config.run_config import RunConfig, option  # noqa: E402
+from pflbench.config.space import Choice, Dimension, Range  # noqa: E402
 from pflbench.errors import ConfigError  # noqa: E402
-from pflbench.registry import register_algorithm, register_dataset, register_model, register_partitioner  # noqa: E402
+from pflbench.registry import (  # noqa: E402
+    register_algorithm,
+    register_dataset,
+    register_model,
+    register_partitioner,
+    register_tracker,
+)
 
 _LAZY = {
     "Algorithm": "engine",
@@ -37,6 +45,11 @@ _LAZY = {
     "weighted_average": "engine",
     "standard_local_update": "engine",
     "TensorDataset": "data.dataset",
+    # not imported for type checking either: the face must not import runs (a layer above the
+    # algorithms that import the face)
+    "load_model": "runs.loading",  # a saved model (--save-model) and its input transform
+    "Tracker": "runs.trackers",  # base class of --log trackers (torch-free)
+    "TrackedRun": "runs.trackers",
 }
 
 if TYPE_CHECKING:
@@ -75,7 +88,9 @@ __all__ = [
     "ClientJob",
     "ClientProgram",
     "ClientUpdate",
+    "Choice",
     "ConfigError",
+    "Dimension",
     "LocalPhase",
     "LocalResult",
     "LocalTrainer",
@@ -84,15 +99,20 @@ __all__ = [
     "OptimizerSpec",
     "ParamGroup",
     "ParamLayout",
+    "Range",
     "RunConfig",
     "TensorDataset",
     "Tensors",
+    "TrackedRun",
+    "Tracker",
+    "load_model",
     "mean_terms",
     "option",
     "register_algorithm",
     "register_dataset",
     "register_model",
     "register_partitioner",
+    "register_tracker",
     "sample_weights",
     "standard_local_update",
     "weighted_average",

@@ -1,4 +1,4 @@
-"""Name → object registries for algorithms, datasets, models and partitioners.
+"""Name → object registries for algorithms, datasets, models, partitioners and trackers.
 
 Built-in and third-party plugins register the same way: a module decorated with
 ``@register_algorithm("name")`` (etc.) is imported through the entry-point group
@@ -10,9 +10,11 @@ from __future__ import annotations
 import difflib
 import hashlib
 import importlib.util
+import os
 import re
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import MappingProxyType
@@ -21,6 +23,40 @@ from typing import Any
 from pflbench.errors import ConfigError
 
 _registration_log: list[tuple[str, str]] = []
+
+
+@dataclass(frozen=True)
+class PluginFile:
+    """A ``--plugin`` file as it was loaded (what a run records of the code it ran)."""
+
+    path: str  # absolute path it was loaded from
+    recorded_as: str  # absolute path a run records for it (a Ray sweep's driver path for a shipped copy)
+    source: bytes  # its content when loaded
+    sha256: str  # of ``source``
+    module: str  # the module name it was loaded under
+
+
+_plugin_files: dict[str, PluginFile] = {}  # module name -> the file it was loaded from (the latest load)
+# top-level package -> (distribution, version) of the entry points loaded from it
+_entry_point_distributions: dict[str, tuple[str, str]] = {}
+
+
+def plugin_file_of_module(module: str) -> PluginFile | None:
+    """The ``--plugin`` file that module ``module`` was loaded from, else None."""
+    return _plugin_files.get(module)
+
+
+def loaded_plugin_file(path: str | Path) -> PluginFile | None:
+    """The ``--plugin`` file loaded from (or recorded as) ``path``, else None (the latest load wins)."""
+    wanted = os.path.abspath(path)
+    found = [p for p in _plugin_files.values() if wanted in (p.path, p.recorded_as)]
+    return found[-1] if found else None
+
+
+def entry_point_distribution(module: str) -> tuple[str, str] | None:
+    """(distribution, version) whose entry points were loaded from ``module``'s top-level package."""
+    return _entry_point_distributions.get(module.split(".")[0])
+
 
 # Names end up in file names, folder names, CLI options and Markdown/HTML tables: lower-case
 # letters, digits and ``_ . -``, starting with a letter or digit, at most 64 characters.
@@ -76,6 +112,9 @@ class Registry:
             return
         self._entry_points_loaded = True
         for entry_point in entry_points(group=self.entry_point_group):
+            dist = getattr(entry_point, "dist", None)
+            if dist is not None:  # which distribution registers what (a run's code record)
+                _entry_point_distributions[entry_point.module.split(".")[0]] = (dist.name, dist.version)
             try:
                 entry_point.load()
             except Exception as error:  # a broken third-party plugin must not hide the others
@@ -105,11 +144,13 @@ ALGORITHMS = Registry("algorithm", "pflbench.algorithms")
 DATASETS = Registry("dataset", "pflbench.datasets")
 MODELS = Registry("model", "pflbench.models")
 PARTITIONERS = Registry("partitioner", "pflbench.partitioners")
+TRACKERS = Registry("tracker", "pflbench.trackers")  # --log NAME: experiment trackers (runs.trackers)
 
 register_algorithm = ALGORITHMS.register
 register_dataset = DATASETS.register
 register_model = MODELS.register
 register_partitioner = PARTITIONERS.register
+register_tracker = TRACKERS.register
 
 
 def _forget(module_name: str, log_start: int) -> None:
@@ -122,11 +163,17 @@ def _forget(module_name: str, log_start: int) -> None:
     del _registration_log[log_start:]
 
 
-def load_plugin_file(path: str | Path) -> None:
-    """Import a single ``.py`` file so that its ``@register_*`` decorators run."""
+def load_plugin_file(path: str | Path, recorded_as: str | Path | None = None) -> None:
+    """Import a single ``.py`` file so that its ``@register_*`` decorators run. Its content is
+    kept (``loaded_plugin_file``) so that a run records the code it ran; ``recorded_as``: the
+    path a run records for it (default: ``path`` made absolute)."""
     path = Path(path)
     if not path.is_file() or path.suffix != ".py":
         raise ConfigError(f"--plugin {str(path)!r} is not a readable .py file")
+    try:
+        source = path.read_bytes()  # read before it runs: the content a run records
+    except OSError as error:
+        raise ConfigError(f"--plugin {str(path)!r} is not a readable .py file ({error.strerror})") from None
     for registry in REGISTRIES:
         registry.load_entry_points()
     log_start = len(_registration_log)
@@ -160,8 +207,15 @@ def load_plugin_file(path: str | Path) -> None:
     if len(_registration_log) == log_start:
         raise ConfigError(
             f"--plugin {str(path)!r} registers nothing; decorate a class with "
-            "@register_algorithm('name') (or register_dataset / register_model)"
+            "@register_algorithm('name') (or register_dataset / register_model / register_tracker)"
         )
+    _plugin_files[module_name] = PluginFile(
+        os.path.abspath(path),
+        os.path.abspath(recorded_as if recorded_as is not None else path),
+        source,
+        hashlib.sha256(source).hexdigest(),
+        module_name,
+    )
 
 
-REGISTRIES = (ALGORITHMS, DATASETS, MODELS, PARTITIONERS)
+REGISTRIES = (ALGORITHMS, DATASETS, MODELS, PARTITIONERS, TRACKERS)

@@ -36,8 +36,14 @@ class Harness:
         self.prepared = prepared
         self.algorithm = prepared.algorithm
         self.executor = prepared.executor
+        partition = prepared.partition
         self.federation = Federation(
-            self.algorithm, self.executor, prepared.data.num_test, prepared.config.federation_spec
+            self.algorithm,
+            self.executor,
+            prepared.data.num_test,
+            prepared.config.federation_spec,
+            num_val=prepared.data.num_val if partition.has_val else None,
+            new_clients=partition.new_clients,
         )
         self.observers = self.federation.observers
 

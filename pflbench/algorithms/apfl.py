@@ -24,6 +24,10 @@ State: shared = w (sent down and uploaded, counted in bytes); private, never sen
 (``apfl.v.<name>``, initialised to w⁰) and α_k (``apfl.alpha``). Evaluation: pers_acc uses
 v̄_k = α_k·v_k + (1 − α_k)·w with the current global w; global_acc uses w. Buffers (e.g. BatchNorm
 statistics) are those of w.
+
+New clients (``--new-clients``): APFL learns v and α only in a client's local rounds, so a client
+that never trained has neither; it falls back to fine-tuning: the global w trained for
+``--local-epochs`` epochs on the client's train split with the run's local optimizer, then tested.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from pflbench import Algorithm, ClientProgram, ConfigError, Tensors, option, register_algorithm
-from pflbench.engine import LocalResult, LocalTrainer, apply_gradients
+from pflbench.engine import FineTuneProgram, LocalResult, LocalTrainer, apply_gradients
 
 LOCAL = "apfl.v."
 ALPHA = "apfl.alpha"
@@ -121,6 +125,10 @@ class APFL(Algorithm[APFLHyperparameters]):
         device = next(iter(self.initial_state.values())).device
         state[ALPHA] = torch.tensor(float(self.hparams.alpha_init), device=device)
         return state
+
+    def new_client_program(self) -> ClientProgram:
+        """The fallback: the global model fine-tuned for ``--local-epochs`` epochs."""
+        return FineTuneProgram(self.layout.trainable, self.config.local_spec, self.config.local_epochs)
 
     def personal_model(self, client_id: int) -> Tensors:
         private = self.store.get(client_id)

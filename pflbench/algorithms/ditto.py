@@ -19,6 +19,11 @@ global one).
 State: shared = the global model w (sent down and uploaded: bytes_down/bytes_up count w only);
 private, never sent = the personal model v_k (``ditto.v.<name>``, one full model state per client,
 initialised to the initial model w⁰). Evaluation: pers_acc uses v_k; global_acc uses w.
+
+New clients (``--new-clients``): Ditto's personal objective with the global model fixed — v starts
+at the final w and is trained for ``--personal-epochs`` epochs on f(v) + (λ/2)·‖v − w‖² over the
+client's train split (``DittoNewClientProgram``; the standard batch loop with the proximal term
+gives exactly the personal step above), then tested.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pflbench import Algorithm, ClientProgram, ConfigError, Tensors, option, register_algorithm
+from pflbench import Algorithm, ClientProgram, ConfigError, LocalPhase, Tensors, option, register_algorithm
+from pflbench.algorithms.fedprox import proximal_term
 from pflbench.engine import LocalResult, LocalTrainer, apply_gradients, mean_terms, standard_local_update
 
 PERSONAL = "ditto.v."
@@ -87,6 +93,27 @@ class DittoProgram(ClientProgram[DittoHyperparameters]):
         return LocalResult(result.loss, terms, upload=upload, private=kept)
 
 
+class DittoNewClientProgram(ClientProgram[DittoHyperparameters]):
+    """A new client's personal model: from the received global w, ``--personal-epochs`` epochs of
+    f(v) + (λ/2)·‖v − w‖² (w fixed), then v uploaded (the model it is tested with)."""
+
+    def local_phases(self, client_id: int) -> list[LocalPhase]:
+        epochs = self.local.epochs if self.hparams.personal_epochs is None else self.hparams.personal_epochs
+        return [LocalPhase(epochs, frozenset(self.layout.trainable))]
+
+    def loss_terms(self, forward, params, inputs, targets, received):
+        terms = super().loss_terms(forward, params, inputs, targets, received)
+        anchor = {n: received[n] for n in self.layout.trainable}
+        terms["proximal"] = proximal_term(params, anchor, self.hparams.lam)
+        return terms
+
+    def upload(self, state: Tensors, received: Tensors) -> Tensors:
+        return {name: state[name].detach().clone() for name in received}
+
+    def private_state(self, state: Tensors, job_private: Tensors) -> Tensors:
+        return {}
+
+
 @register_algorithm("ditto")
 class Ditto(Algorithm[DittoHyperparameters]):
     """FedAvg global model + a personal model per client pulled toward it by (λ/2)·‖v − w‖²."""
@@ -100,6 +127,10 @@ class Ditto(Algorithm[DittoHyperparameters]):
         """v⁰ = w⁰: the initial model, trainable tensors and float buffers."""
         names = list(self.layout.trainable) + [n for n in self.layout.shared if n not in self.layout.trainable]
         return {PERSONAL + n: self.initial_state[n].detach().clone() for n in names}
+
+    def new_client_program(self) -> ClientProgram:
+        """v trained from the global w on the personal objective (``new_client_model``: w)."""
+        return DittoNewClientProgram(self.layout, self.hparams, self.config.local_spec)
 
     def personal_model(self, client_id: int) -> Tensors:
         state = self.store.get(client_id)

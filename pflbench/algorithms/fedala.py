@@ -31,6 +31,10 @@ and never counted: the client's local model θ_l (``fedala.local.<name>``) and W
 θ̂ of the current global model with its stored θ_l and W (learning W needs the client's data,
 so the evaluation uses the W of its last round); a client that never trained evaluates θ_g.
 The global model is the FedAvg average.
+
+New clients (``--new-clients``): a new client has no local model θ_l, so ALA has nothing to
+aggregate into (as on a client's first participation): it is served by the global model θ_g (with
+``--finetune-epochs E`` also fine-tuned: ``new_acc_ft``).
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@ Decentralized Data", AISTATS 2017 (arXiv:1602.05629).
 
 Clients start from the global weights w, train every trainable parameter and upload it;
 the server sets w ← Σ_k n_k·w_k / Σ_k n_k. All of this is the engine's default behaviour.
+
+New clients (``--new-clients``): served by the global model as it is (with
+``--finetune-epochs E`` also fine-tuned for E epochs: ``new_acc_ft``; ``Algorithm``'s default).
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ model; head = fine-tune only the head, an ablation).
 State: shared = the body (sent down and uploaded, counted in bytes). The head never changes and is
 the same on every client (all build it from the run's common initialisation), so it never travels
 and nothing is stored per client: each client's model is the received body + the initial head.
+
+New clients (``--new-clients``): served like every client at evaluation — the global model
+(trained body + initial head) fine-tuned for ``--ft-epochs`` on the client's train split (the
+paper's personalization); with ``--ft-epochs 0`` the global model as it is.
 """
 
 from __future__ import annotations
@@ -71,6 +75,10 @@ class FedBABU(Algorithm[FedBABUHyperparameters]):
 
     def clients_share_one_model(self) -> bool:
         return self.hparams.ft_epochs == 0  # without fine-tuning every client has the global model
+
+    def new_client_program(self) -> ClientProgram | None:
+        """The same fine-tuning as every client's (none with ``--ft-epochs 0``)."""
+        return self.personalization_program()
 
     def personalization_program(self) -> ClientProgram | None:
         if self.hparams.ft_epochs == 0:

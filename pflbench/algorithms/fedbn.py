@@ -15,6 +15,10 @@ Evaluation: each client with the current shared weights and its own BN layers. T
 global model (a model without its BN statistics has no accuracy of its own), so global_acc is
 null. A model without BatchNorm layers is refused (ConfigError): FedBN on it would silently be
 FedAvg. Use ``--model cnn_bn`` (or a timm model with BN, e.g. resnet18).
+
+New clients (``--new-clients``): the shared weights (frozen) with fresh BatchNorm layers (γ = 1,
+β = 0, fresh statistics) trained on the client's train split for ``--local-epochs`` epochs, the
+running statistics updated as in training (``Algorithm``'s default: the private part is BN).
 """
 
 from __future__ import annotations

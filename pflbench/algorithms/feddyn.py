@@ -10,7 +10,8 @@ regularised objective
 
     ∇L_k(θ_k^t) = ∇L_k(θ_k^{t−1}) − α·(θ_k^t − θ^{t−1})           (``linear_state_update``)
 
-(init 0). With P_t the round's clients and m the number of all clients, the server updates
+(init 0). With P_t the round's clients and m the number of all clients that train (new clients,
+``--new-clients``, excluded), the server updates
 
     h^t = h^{t−1} − α·(1/m)·Σ_{k∈P_t} (θ_k^t − θ^{t−1})             (``server_update``, h⁰ = 0)
     θ^t = (1/|P_t|)·Σ_{k∈P_t} θ_k^t − (1/α)·h^t
@@ -23,6 +24,9 @@ State and bytes: θ travels down and θ_k up (counted; nothing else travels). Ea
 ∇L_k (same size as the model) is extra private state in the ClientStateStore
 (``feddyn.grad.<param>``); h lives on the server. Evaluation: the server model θ^t on every
 client (FedDyn has no personal model).
+
+New clients (``--new-clients``): served by the global model as it is (with
+``--finetune-epochs E`` also fine-tuned for E epochs: ``new_acc_ft``; ``Algorithm``'s default).
 """
 
 from __future__ import annotations
@@ -34,9 +38,11 @@ import torch
 
 from pflbench import (
     Algorithm,
+    Choice,
     ClientProgram,
     ClientUpdate,
     ConfigError,
+    Dimension,
     LocalResult,
     RunConfig,
     Tensors,
@@ -134,6 +140,11 @@ class FedDyn(Algorithm[FedDynHyperparameters]):
     # 50); 0.05 learns within the default 50 rounds (README, "Defaults that learn").
     defaults_by_family = {"small": {"lr": 0.05}}
 
+    @classmethod
+    def search_space(cls, config: RunConfig, hparams: FedDynHyperparameters) -> dict[str, Dimension]:
+        """lr around its default, and α over the paper's search {0.1, 0.01, 0.001}."""
+        return {**super().search_space(config, hparams), "feddyn_alpha": Choice((0.1, 0.01, 0.001))}
+
     def __init__(self, config: RunConfig, hparams: FedDynHyperparameters, model, num_train) -> None:
         super().__init__(config, hparams, model, num_train)
         self.h = {n: torch.zeros_like(self.global_state[n]) for n in self.layout.groups["regularized"]}
@@ -155,7 +166,7 @@ class FedDyn(Algorithm[FedDynHyperparameters]):
             {n: self.global_state[n] for n in names},
             [{n: u.params[n] for n in names} for u in updates],
             self.hparams.feddyn_alpha,
-            self.config.num_clients,
+            self.config.num_training_clients,  # m: the clients that train (new clients never do)
         )
         buffers = [n for n in self.layout.shared if n not in self.h]
         if buffers:

@@ -4,6 +4,9 @@
 The model is split into a shared body and a private head (the last ``--head-layers``
 layers, as the model declares them). Clients train body and head jointly; only the body is
 uploaded and averaged (sample-weighted); each client keeps its head across rounds.
+
+New clients (``--new-clients``): the trained body (frozen) with a fresh head (the initial one)
+trained on the client's train split for ``--local-epochs`` epochs (``Algorithm``'s default).
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 (arXiv:1812.06127).
 
 FedAvg plus the proximal term (μ/2)·‖w_k − w‖² in every local loss; aggregation unchanged.
+
+New clients (``--new-clients``): served by the global model as it is (with
+``--finetune-epochs E`` also fine-tuned for E epochs: ``new_acc_ft``; ``Algorithm``'s default).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pflbench import ClientProgram, ConfigError, Tensors, option, register_algorithm
+from pflbench import Choice, ClientProgram, ConfigError, Dimension, RunConfig, Tensors, option, register_algorithm
 from pflbench.algorithms.fedavg import FedAvg
 
 
@@ -44,3 +47,8 @@ class FedProx(FedAvg):
     paper = "Li et al., MLSys 2020"
     hyperparameters = FedProxHyperparameters
     program_class = FedProxProgram
+
+    @classmethod
+    def search_space(cls, config: RunConfig, hparams: FedProxHyperparameters) -> dict[str, Dimension]:
+        """lr around its default, and μ over the paper's grid {0.001, 0.01, 0.1, 1}."""
+        return {**super().search_space(config, hparams), "mu": Choice((0.001, 0.01, 0.1, 1.0))}

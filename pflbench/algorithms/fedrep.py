@@ -5,6 +5,10 @@ Same body/head split as FedPer, but local training alternates: ``--head-epochs``
 the head with the body frozen, then ``--local-epochs`` epochs on the body with the head
 frozen. Only the body is uploaded. Each phase gets its own optimizer over its own
 parameters, so momentum or weight decay can never move a frozen part.
+
+New clients (``--new-clients``): the trained body (frozen) with a fresh head trained on the
+client's train split for ``--head-epochs`` epochs — FedRep's own head phase, which is how the
+paper adapts its learned representation to new clients.
 """
 
 from __future__ import annotations
@@ -40,3 +44,7 @@ class FedRep(FedPer):
     paper = "Collins et al., ICML 2021"
     hyperparameters = FedRepHyperparameters
     program_class = FedRepProgram
+
+    def new_client_epochs(self) -> int:
+        """A new client's fresh head trains for FedRep's head epochs."""
+        return self.hparams.head_epochs

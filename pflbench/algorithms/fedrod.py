@@ -22,6 +22,12 @@ starts as the generic one and the global model is the same module with h_P = 0.
 State and bytes: body and generic head travel (counted); the P-head is private (ClientStateStore,
 never counted). No hyperparameters of its own; the head is the model's final layer (it must be an
 ``nn.Linear``), so ``--head-layers`` other than 1 is refused.
+
+New clients (``--new-clients``): body and generic head from the server (frozen) with a fresh
+(zero) P-head trained on the client's train split for ``--local-epochs`` epochs with the CE of
+g + h_P(z) — the personal loss of local training, which moves only the P-head (``Algorithm``'s
+default). Before that training the prediction is the generic one (the paper's answer for new
+clients).
 """
 
 from __future__ import annotations

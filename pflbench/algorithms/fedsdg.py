@@ -10,6 +10,10 @@ Local loss: CE + λ₁·Σ_l |m_l| (or Σ_l min(m_l, 1 − m_l) with ``--gate-pe
 + λ₂·‖θ_p‖²; Adam with three groups (shared ``--lr``, private ``--lr-private``, gates
 ``--lr-gate``), no weight decay, gradient clipping (``--max-grad-norm``, 1.0 unless set). Server: alignment-weighted aggregation of
 the shared updates (``fedsdg_server_aggregate``), or plain FedAvg with ``--server-agg fedavg``.
+
+New clients (``--new-clients``): the shared model θ_g (frozen) with a fresh private branch and
+gates (their initial values, m = 0.5) trained on the client's train split for ``--local-epochs``
+epochs with FedSDG's own loss and optimizer groups (``FedSDGNewClientProgram``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pflbench import (
     ClientProgram,
     ClientUpdate,
     ConfigError,
+    LocalPhase,
     OptimizerSpec,
     ParamGroup,
     RunConfig,
@@ -234,6 +239,21 @@ class FedSDGProgram(ClientProgram[FedSDGHyperparameters]):
         )
 
 
+class FedSDGNewClientProgram(FedSDGProgram):
+    """A new client: its private branch and gates trained (FedSDG's loss and optimizer groups)
+    with the shared part frozen, then its whole model uploaded (the model it is tested with)."""
+
+    def local_phases(self, client_id: int) -> list[LocalPhase]:
+        groups = self.layout.groups
+        return [LocalPhase(self.local.epochs, frozenset(groups["private_lora"]) | frozenset(groups["gates"]))]
+
+    def upload(self, state: Tensors, received: Tensors) -> Tensors:
+        return {name: state[name].detach().clone() for name in received}
+
+    def private_state(self, state: Tensors, job_private: Tensors) -> Tensors:
+        return {}
+
+
 @register_algorithm("fedsdg")
 class FedSDG(Algorithm[FedSDGHyperparameters]):
     """Shared + gated private LoRA per block; alignment-weighted aggregation of the shared part."""
@@ -316,6 +336,11 @@ class FedSDG(Algorithm[FedSDGHyperparameters]):
         """Aggregation weights (the loss terms are logged by the engine as loss_<term>)."""
         stats = weight_statistics(self._last_weights) if updates else {}
         return {**stats, "agg_fallbacks": self.fallbacks}
+
+    def new_client_program(self) -> ClientProgram:
+        """A fresh private branch and gates (``new_client_model``: the initial ones, m = 0.5)
+        trained with the shared part frozen."""
+        return FedSDGNewClientProgram(self.layout, self.hparams, self.config.local_spec)
 
     def global_model(self) -> Tensors:
         """The shared model alone: every gate forced to m = 0 (logit −∞)."""

@@ -13,6 +13,10 @@ The server keeps the factors at the run's largest rank R; client k gets their fi
 components rescaled (``truncate_factors``), so the SVD runs once per layer per round. The global
 model (``global_acc``) is the rank-R approximation. A client's rank is data: the shapes it
 receives; its program zero-pads the factors to R and sets each layer's ``active_rank`` buffer.
+
+New clients (``--new-clients``): a new client k is served what FlexLoRA sends any client, the
+global ΔW truncated to its rank r_k (drawn with everyone's), evaluated as it is (with
+``--finetune-epochs E`` the global model fine-tuned: ``new_acc_ft``).
 """
 
 from __future__ import annotations

@@ -11,6 +11,10 @@ State: shared = the head (sent down and uploaded, counted in bytes); private = t
 each client across rounds (all clients start from the same initial body; the paper optionally
 initialises them from a FedAvg-pretrained model, not done here). Evaluation: own body + current
 global head. A head without a body has no accuracy of its own: no global model.
+
+New clients (``--new-clients``): the current global head (frozen) with a fresh local body (the
+initial one) trained on the client's train split for ``--local-epochs`` epochs (``Algorithm``'s
+default: the private part is the body).
 """
 
 from __future__ import annotations

@@ -1,6 +1,11 @@
 """Local — every client trains its own model from the same init and never communicates.
 
 The lower bound personalized methods must beat (often strong under heavy label skew).
+
+New clients (``--new-clients``): nothing is shared, so a new client gets what the federation
+gives every method's newcomer as adaptation budget: its own model, trained from the initial
+weights on its train split for ``--local-epochs`` epochs (``Algorithm``'s default: the whole
+model is the private part).
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ local model (every model tensor after its last local training) is extra private 
 ClientStateStore (``moon.prev.<name>``); a client with no previous model yet (its first round)
 uses the received global model, so ℓ_con = log 2 with zero gradient. Evaluation: the global
 model on every client (MOON's paper evaluates the global model).
+
+New clients (``--new-clients``): served by the global model as it is (with
+``--finetune-epochs E`` also fine-tuned for E epochs: ``new_acc_ft``; ``Algorithm``'s default).
 """
 
 from __future__ import annotations
@@ -34,7 +37,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pflbench import Algorithm, ClientProgram, ConfigError, LocalResult, RunConfig, Tensors, option, register_algorithm
+from pflbench import (
+    Algorithm,
+    Choice,
+    ClientProgram,
+    ConfigError,
+    Dimension,
+    LocalResult,
+    RunConfig,
+    Tensors,
+    option,
+    register_algorithm,
+)
 from pflbench.engine import standard_local_update
 from pflbench.models.zoo import head_module_names
 
@@ -129,6 +143,11 @@ class Moon(Algorithm[MoonHyperparameters]):
     paper = "Li et al., CVPR 2021"
     hyperparameters = MoonHyperparameters
     program_class = MoonProgram
+
+    @classmethod
+    def search_space(cls, config: RunConfig, hparams: MoonHyperparameters) -> dict[str, Dimension]:
+        """lr around its default, and μ over the grid the paper tunes it on, {0.1, 1, 5, 10}."""
+        return {**super().search_space(config, hparams), "mu": Choice((0.1, 1.0, 5.0, 10.0))}
     personal_model_is_received = True  # the previous local model only shapes training
 
     def __init__(self, config: RunConfig, hparams: MoonHyperparameters, model: nn.Module, num_train: list[int]) -> None:

@@ -28,6 +28,10 @@ set (its experiments use small steps of order 1e-3 to 1e-2); these defaults are 
 choice, not a value copied from the paper — tune both.
 
 State: shared = w (sent down and uploaded, counted in bytes); no private state.
+
+New clients (``--new-clients``): the point of the meta-learned initialisation — the global w
+after the same one-step adaptation on the new client's train split (``personalization_program``,
+``Algorithm``'s default for new clients).
 """
 
 from __future__ import annotations

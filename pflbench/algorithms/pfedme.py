@@ -22,6 +22,11 @@ tunes η (``--lr``) per data set; the suite's ``--lr`` default is kept.
 State: shared = w (sent down and uploaded, counted in bytes); private, never sent = each client's
 last θ̂ (``pfedme.theta.<name>``), its personalized model, as the paper evaluates it: pers_acc uses
 θ̂_k (the initial model for clients never sampled), global_acc uses w.
+
+New clients (``--new-clients``): a new client's personalized model is the paper's θ̂(w) for the
+final global w: the inner problem min_θ f(θ) + (λ/2)·‖θ − w‖² solved over its train split as in
+local training (per minibatch K inner steps, warm-started, ``--local-epochs`` passes) with w fixed
+(no w step), then tested (``PFedMeNewClientProgram``).
 """
 
 from __future__ import annotations
@@ -133,6 +138,35 @@ class PFedMeProgram(ClientProgram[PFedMeHyperparameters]):
         return LocalResult(loss, {"task": loss} if steps else {}, private=private)
 
 
+class PFedMeNewClientProgram(ClientProgram[PFedMeHyperparameters]):
+    """A new client: θ̂(w) from the received global w (fixed), by local training's inner solves
+    without the w step; uploads the model with θ̂ (the model it is tested with)."""
+
+    def local_update(self, trainer: LocalTrainer) -> LocalResult:
+        job, hparams = trainer.job, self.hparams
+        names = [n for n in self.layout.trainable if n in job.received]
+        anchor = {n: job.received[n] for n in names}
+        theta = {n: trainer.params[n].detach().clone() for n in names}
+        total, steps = torch.zeros((), device=trainer.device), 0
+        trainer.model.train()
+        for _ in range(self.local.epochs):
+            for inputs, targets in trainer.epoch():
+                theta, loss = pfedme_inner_solve(
+                    lambda params, x=inputs, y=targets: trainer.gradient(params, x, y),
+                    theta,
+                    anchor,
+                    hparams.lam,
+                    hparams.personal_lr,
+                    hparams.inner_steps,
+                )
+                total += loss
+                steps += 1
+        trainer.load(theta)
+        upload = {n: trainer.state[n].detach().clone() for n in job.received}
+        loss = (total / max(steps, 1)).item() if steps else float("nan")
+        return LocalResult(loss, {"task": loss} if steps else {}, upload=upload, private={})
+
+
 @register_algorithm("pfedme")
 class PFedMe(Algorithm[PFedMeHyperparameters]):
     """Moreau-envelope personalization: inner θ̂ per batch, w pulled toward it, β-mixing server."""
@@ -152,6 +186,10 @@ class PFedMe(Algorithm[PFedMeHyperparameters]):
             return
         average = weighted_average([u.params for u in updates], sample_weights(updates))
         pfedme_server_update(self.global_state, average, self.hparams.beta)
+
+    def new_client_program(self) -> ClientProgram:
+        """θ̂(w) for the final global w (``new_client_model``: w)."""
+        return PFedMeNewClientProgram(self.layout, self.hparams, self.config.local_spec)
 
     def personal_model(self, client_id: int) -> Tensors:
         private = self.store.get(client_id)

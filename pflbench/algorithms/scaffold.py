@@ -12,7 +12,7 @@ then (option II of the paper, no extra pass over the data)
     c_i⁺ = c_i − c + (x − y) / (K·η)                               (``client_control_update``)
 
 and uploads Δy_i = y − x and Δc_i = c_i⁺ − c_i. The server, with S the round's clients and N
-all clients:
+all clients that train (``--new-clients`` are never part of the population):
 
     x ← x + η_g · (1/|S|)·Σ_{i∈S} Δy_i,     c ← c + (|S|/N) · (1/|S|)·Σ_{i∈S} Δc_i
 
@@ -29,6 +29,9 @@ Optimizer: plain SGD only. The correction is a gradient correction; with momentu
 paper's update (and option II's control estimate, which assumes y − x = −η·Σ steps) would not
 hold, so ``check_config`` refuses them. Weight decay and ``--max-grad-norm`` apply to the
 corrected gradient.
+
+New clients (``--new-clients``): served by the global model as it is (with
+``--finetune-epochs E`` also fine-tuned for E epochs: ``new_acc_ft``; ``Algorithm``'s default).
 """
 
 from __future__ import annotations
@@ -197,7 +200,7 @@ class Scaffold(Algorithm[ScaffoldHyperparameters]):
             [{n: u.params[n] for n in names} for u in updates],
             [{n: u.params[CONTROL_DELTA + n] for n in names} for u in updates],
             self.hparams.server_lr,
-            self.config.num_clients,
+            self.config.num_training_clients,  # N: the clients that train (new clients never do)
         )
         buffers = [n for n in self.layout.shared if n not in self.control]
         if buffers:

@@ -3,7 +3,7 @@
 - ``run.py``: ``run``; ``listing.py``: ``list``; ``partition.py``: ``partition``
 - ``rerun.py``: ``rerun`` (a run again from its config.json)
 - ``config_file.py``: ``--config FILE`` (TOML/YAML) for ``run`` and ``sweep``
-- ``sweep.py``: ``sweep``; ``leaderboard.py``: ``leaderboard``
+- ``sweep.py``: ``sweep``; ``tune.py``: ``tune``; ``leaderboard.py``: ``leaderboard``
 - ``pretrain.py``: ``pretrain``
 - ``options.py``: dataclass → click options; one ``Error:`` line and exit code 2 for bad input
 - plugin commands (e.g. FedSDG's ``gates``) come from the ``pflbench.commands`` entry points.
@@ -27,6 +27,7 @@ from pflbench.cli.pretrain import pretrain_command
 from pflbench.cli.rerun import rerun_command
 from pflbench.cli.run import run_command
 from pflbench.cli.sweep import sweep_command
+from pflbench.cli.tune import tune_command
 
 
 @click.group(cls=PflbenchGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -41,6 +42,7 @@ for command in (
     list_command,
     partition_command,
     sweep_command,
+    tune_command,
     leaderboard_command,
     pretrain_command,
 ):

@@ -1,10 +1,11 @@
-"""``--config FILE`` for ``pflbench run`` and ``pflbench sweep``: the options in a file.
+"""``--config FILE`` for ``pflbench run``, ``sweep`` and ``tune``: the options in a file.
 
 A config file is a flat table (TOML, or YAML when PyYAML is installed) whose keys are the
 command's option names, with ``-`` or ``_`` (``local-epochs`` = ``local_epochs``): every
 ``RunConfig`` setting, the algorithms' hyperparameters (``mu``, ``head_epochs``, ...),
 ``plugin``; for ``sweep`` also ``algos``, ``datasets``, ``alphas``, ``seeds`` (lists or
-comma-separated strings) and ``set`` (a table ``{name = [values]}``). Options given on the
+comma-separated strings) and ``set`` (a table ``{name = [values]}``); for ``tune`` also ``space``
+(a table ``{lr = {low = 0.001, high = 0.3, log = true}, mu = [0.01, 0.1]}``). Options given on the
 command line override the file: the file's values become click's ``default_map``, so click
 converts and validates them like typed options, and ``ctx.get_parameter_source`` tells
 ``DEFAULT_MAP`` (from the file) from ``COMMANDLINE``. An unknown key is one ``ConfigError``
@@ -22,6 +23,7 @@ Example (``examples/paper_digits.toml``)::
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,8 @@ def _parse_toml(text: str, path: Path) -> Any:
             raise ConfigError(f"--config {path}: reading TOML on Python 3.10 needs tomli (pip install tomli)") from None
     try:
         return tomllib.loads(text)
+    except RecursionError:
+        raise ConfigError(f"--config {path}: nested too deeply to be a table of options") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"--config {path}: not valid TOML: {error}") from None
 
@@ -79,10 +83,41 @@ def _parse_yaml(text: str, path: Path) -> Any:
     except ModuleNotFoundError:
         raise ConfigError(f"--config {path}: YAML needs PyYAML (pip install pyyaml), or use a .toml file") from None
     try:
-        return yaml.safe_load(text)
+        data = yaml.safe_load(text)
+    except RecursionError:
+        raise ConfigError(f"--config {path}: nested too deeply to be a table of options") from None
     except yaml.YAMLError as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else "parse error"
         raise ConfigError(f"--config {path}: not valid YAML: {first}") from None
+    if _expanded_size(data, {}) > MAX_CONFIG_VALUES:
+        raise ConfigError(
+            f"--config {path}: the file expands to more than {MAX_CONFIG_VALUES:,} values "
+            "(YAML aliases repeating one another?); a config file is a table of options"
+        )
+    return data
+
+
+MAX_CONFIG_VALUES = 100_000  # a config holds tens of values; a YAML alias bomb expands to billions
+
+
+def _expanded_size(value: Any, sizes: dict[int, int]) -> int:
+    """How many values ``value`` holds once YAML aliases are expanded. PyYAML loads an alias as
+    the same object again, so the loaded document is small while anything that walks it (or
+    prints it) walks every repetition; counted once per distinct object (memoised by id)."""
+    if not isinstance(value, (list, dict)):
+        return 1
+    known = sizes.get(id(value))
+    if known is not None:
+        return known
+    sizes[id(value)] = MAX_CONFIG_VALUES + 1  # a self-referencing alias is infinite
+    children = value.values() if isinstance(value, dict) else value
+    total = 1
+    for child in children:
+        total += _expanded_size(child, sizes)
+        if total > MAX_CONFIG_VALUES:
+            break
+    sizes[id(value)] = total
+    return total
 
 
 def _as_strings(value: Any) -> tuple[str, ...]:
@@ -115,21 +150,48 @@ def _sets(value: Any, path: Path) -> tuple[str, ...]:
     raise ConfigError(f"--config {path}: 'set' must be a table of NAME = [VALUES] (e.g. set = {{mu = [0.01, 0.1]}})")
 
 
+def _space(value: Any, path: Path) -> tuple[str, ...]:
+    """The ``space`` table of ``pflbench tune`` → ``--space`` texts: ``mu = [0.01, 0.1]`` (choices),
+    ``lr = {low = 0.001, high = 0.3, log = true}`` (a range) or ``lr = "log:0.001:0.3"``."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"--config {path}: 'space' must be a table of NAME = [VALUES] | {{low, high, log}} | TEXT")
+    items = []
+    for name, spec in value.items():
+        if isinstance(spec, (list, tuple)):
+            items.append(f"{name}=" + ",".join(_text(v) for v in spec))
+        elif isinstance(spec, dict):
+            unknown = sorted(set(spec) - {"low", "high", "log"})
+            if unknown or "low" not in spec or "high" not in spec:
+                raise ConfigError(
+                    f"--config {path}: space.{name} takes low, high and optionally log (got {sorted(spec)})"
+                )
+            prefix = "log:" if spec.get("log") else ""
+            items.append(f"{name}={prefix}{_text(spec['low'])}:{_text(spec['high'])}")
+        else:
+            items.append(f"{name}={_text(spec)}")
+    return tuple(items)
+
+
 def default_map(
     table: dict[str, Any], params: list[click.Parameter], path: Path, ignore: tuple[str, ...] = ("config", "help")
 ) -> dict[str, Any]:
     """The file's values keyed by the command's parameter names, shaped for click's
     ``default_map`` (lists for repeatable options, text for comma-separated ones)."""
-    by_name = {p.name: p for p in params if p.name and p.name not in ignore}
+    # click's own internal parameters (e.g. ``_click_default_help``) are not options of the file
+    by_name = {p.name: p for p in params if p.name and p.name not in ignore and not p.name.startswith("_")}
     mapped: dict[str, Any] = {}
     for key, value in table.items():
         name = RENAMED.get(key, key)
         param = by_name.get(name)
         if param is None:
             valid = sorted({next((k for k, v in RENAMED.items() if v == n), n) for n in by_name})
-            raise ConfigError(f"--config {path}: unknown key {key!r}; valid keys: {', '.join(valid)}")
+            close = difflib.get_close_matches(key, valid, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"--config {path}: unknown key {key!r}{hint}; valid keys: {', '.join(valid)}")
         if name == "sets":
             mapped[name] = _sets(value, path)
+        elif name == "space":
+            mapped[name] = _space(value, path)
         elif name in LIST_AS_TEXT:
             mapped[name] = ",".join(_text(v) for v in value) if isinstance(value, (list, tuple)) else _text(value)
         elif getattr(param, "multiple", False):

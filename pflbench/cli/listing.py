@@ -5,17 +5,25 @@ from __future__ import annotations
 import click
 
 from pflbench.plugin_sources import describe
-from pflbench.registry import ALGORITHMS, DATASETS, MODELS, PARTITIONERS, load_plugin_file
+from pflbench.registry import ALGORITHMS, DATASETS, MODELS, PARTITIONERS, TRACKERS, load_plugin_file
 
 
 @click.command("list")
-@click.argument("kind", required=False, type=click.Choice(["algorithms", "datasets", "models", "partitioners"]))
+@click.argument(
+    "kind", required=False, type=click.Choice(["algorithms", "datasets", "models", "partitioners", "trackers"])
+)
 @click.option("--plugin", multiple=True, help="Python file that registers plugins (repeatable).")
 def list_command(kind: str | None, plugin: tuple[str, ...]) -> None:
     """List the registered plugins (all kinds, or one)."""
     for path in plugin:  # a broken plugin is one error before anything is listed
         load_plugin_file(path)
-    registries = {"algorithms": ALGORITHMS, "datasets": DATASETS, "models": MODELS, "partitioners": PARTITIONERS}
+    registries = {
+        "algorithms": ALGORITHMS,
+        "datasets": DATASETS,
+        "models": MODELS,
+        "partitioners": PARTITIONERS,
+        "trackers": TRACKERS,
+    }
     listed = {
         name: describe(registry, plugin) for name, registry in registries.items() if kind in (None, name)
     }  # plugins load (or fail) before anything is printed

@@ -22,6 +22,7 @@ PARTITION_FIELDS = (
     "shards_per_client",
     "min_size",
     "test_frac",
+    "val_frac",
     "num_clients",
     "seed",
     "public_frac",
@@ -36,17 +37,27 @@ PARTITION_FIELDS = (
 @click.option(
     "--export",
     type=click.Path(dir_okay=False),
-    help="Export the exact train/test indices per client (JSON) for `run --partition-file`.",
+    help="Export the exact train/validation/test indices per client (JSON) for `run --partition-file`.",
 )
-def partition_command(plot: str | None, save: str | None, export: str | None, **values: Any) -> None:
+@click.option(
+    "--plugin",
+    multiple=True,
+    help="Python file that registers a dataset or partitioner (repeatable), as for `run --plugin`.",
+)
+def partition_command(
+    plot: str | None, save: str | None, export: str | None, plugin: tuple[str, ...], **values: Any
+) -> None:
     """Partition a dataset and print per-client statistics."""
     from pflbench.config.run_config import validate, with_base_defaults
     from pflbench.data.dataset import load_dataset
     from pflbench.data.partition import fit_num_clients, make_partition
     from pflbench.data.presets import export_partition, partition_document
+    from pflbench.registry import load_plugin_file
     from pflbench.store.layout import check_writable, writing
     from pflbench.store.writer import write_json
 
+    for plugin_file in plugin:  # before the names are checked: a plugin's dataset or partitioner is then known
+        load_plugin_file(plugin_file)
     for path in (save, export, plot):
         if path:
             check_writable(path, kind="file")
@@ -73,10 +84,10 @@ def partition_command(plot: str | None, save: str | None, export: str | None, **
         f"min {stats['samples_min']} max {stats['samples_max']}; "
         f"classes/client mean {stats['classes_per_client_mean']:.2f}"
     )
-    click.echo(f"{'client':>6} {'train':>6} {'test':>5} {'classes':>7}  label histogram")
+    click.echo(f"{'client':>6} {'train':>6} {'val':>5} {'test':>5} {'classes':>7}  label histogram")
     for k in range(config.num_clients):
         click.echo(
-            f"{k:>6} {stats['train_samples'][k]:>6} {stats['test_samples'][k]:>5} "
+            f"{k:>6} {stats['train_samples'][k]:>6} {stats['val_samples'][k]:>5} {stats['test_samples'][k]:>5} "
             f"{stats['classes_per_client'][k]:>7}  {stats['label_histogram'][k]}"
         )
     if save:
@@ -87,7 +98,8 @@ def partition_command(plot: str | None, save: str | None, export: str | None, **
         click.echo(f"saved {save}")
     if export:
         with writing(export):
-            export_partition(export, partition_document(config, dataset, split.train, split.test, split.public))
+            document = partition_document(config, dataset, split.train, split.test, split.public, split.val)
+            export_partition(export, document)
         click.echo(f"exported {export}")
     if plot:
         from pflbench.report.plots import plot_label_distribution

@@ -23,7 +23,14 @@ import click
 @click.option(
     "--plugin",
     multiple=True,
-    help="Plugin file the run used (repeatable): a run folder's own plugin paths are never imported.",
+    help="Plugin file the run used (repeatable): a run folder's own plugin files are imported only with --trust-plugins.",
+)
+@click.option(
+    "--trust-plugins",
+    is_flag=True,
+    help="Load the plugin files the run recorded: the original file when its content still has the "
+    "recorded sha256, else the run folder's copy (RUN_DIR/plugins/). This runs code named in RUN_DIR: "
+    "only for run folders you trust.",
 )
 @click.option("--check", is_flag=True, help="Exit with code 1 if the rerun's metrics differ from the original's.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
@@ -34,15 +41,18 @@ def rerun_command(
     log: tuple[str, ...],
     mlflow_uri: str | None,
     plugin: tuple[str, ...],
+    trust_plugins: bool,
     check: bool,
     quiet: bool,
 ) -> int:
     """Run RUN_DIR's experiment again from its config.json (every resolved setting and the
     algorithm's hyperparameters) into a new folder, then compare the metrics with the original's
-    rounds.jsonl (timings aside; identical on the CPU). Nothing in RUN_DIR is executed: a run
-    that used plugin code needs --plugin FILE; trackers log only where --log says."""
+    rounds.jsonl (timings aside; identical on the CPU), and say whether the code differs from
+    what made the run. Nothing in RUN_DIR is executed unasked: a run that used plugin code needs
+    --plugin FILE or --trust-plugins; trackers log only where --log says."""
     from pflbench.cli.run import _execute_with_progress, _summary_line
     from pflbench.config.identity import identity_hash, run_identity
+    from pflbench.config.provenance import code_changes, code_record
     from pflbench.runs.execute import execute
     from pflbench.runs.rerun import compare_rounds, prepare_rerun
 
@@ -53,7 +63,17 @@ def rerun_command(
         overrides["log"] = log
     if mlflow_uri is not None:
         overrides["mlflow_uri"] = mlflow_uri
-    prepared, recorded = prepare_rerun(run_dir, out, overrides, plugin)
+    prepared, recorded = prepare_rerun(run_dir, out, overrides, plugin, trust_plugins)
+    for note in recorded.plugin_notes:
+        click.echo(note)
+    plugins = recorded.loaded_plugins
+    changes = code_changes(recorded.code, code_record(prepared.config, []))
+    if recorded.code is None:
+        click.echo(f"code: unknown ({changes[0]}); cannot tell whether it differs")
+    elif changes:
+        click.echo(f"code DIFFERS from what made the run: {'; '.join(changes)}", err=True)
+    else:
+        click.echo(f"code identical to what made the run (code identity {recorded.code.get('identity')})")
     identity = identity_hash(run_identity(prepared.config, type(prepared.algorithm), prepared.algorithm.hparams))
     if recorded.identity_hash and identity != recorded.identity_hash:
         click.echo(
@@ -62,9 +82,9 @@ def rerun_command(
             err=True,
         )
     if quiet:
-        summary = execute(prepared, plugins=plugin)
+        summary = execute(prepared, plugins=plugins)
     else:
-        summary = _execute_with_progress(prepared, plugin, execute)
+        summary = _execute_with_progress(prepared, plugins, execute)
     click.echo(_summary_line(summary))
     differences = compare_rounds(recorded.run_dir, prepared.run_dir)
     if not differences:

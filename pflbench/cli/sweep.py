@@ -42,7 +42,8 @@ def _sweep_axes(sets: tuple[str, ...], values: dict[str, Any], run_fields: set[s
     return axes
 
 
-SWEEP_CONTROLS = ("jobs", "quiet", "dry_run", "plugin", "ray", "cpus_per_run", "gpus_per_run", "config")
+SWEEP_CONTROLS = ("jobs", "quiet", "dry_run", "plugin", "ray", "cpus_per_run", "gpus_per_run", "config", "force")
+NAMES_SHOWN = 10  # runs named in the one line that lists stale runs
 
 
 def sweep_plan(
@@ -79,6 +80,7 @@ def _sweep_callback(
     ray: bool,
     cpus_per_run: float,
     gpus_per_run: float,
+    force: bool,
     **values: Any,
 ) -> int:
     from pathlib import Path
@@ -86,9 +88,10 @@ def _sweep_callback(
     from pflbench.cli.options import refuse_inert_options
     from pflbench.config.run_config import hyperparameters_from
     from pflbench.registry import ALGORITHMS
-    from pflbench.store.layout import ERROR_FILE, RUNS_DIR, SUMMARY_FILE, check_writable
+    from pflbench.store.layout import ERROR_FILE, RUNS_DIR, check_writable
     from pflbench.sweeps.grid import check_grid, expand_grid
     from pflbench.sweeps.local import run_sweep
+    from pflbench.sweeps.one import mark_redo
     from pflbench.sweeps.record import count_statuses, sweep_record_path
 
     base, grid = sweep_plan(algos, datasets, alphas, seeds, sets, **values)
@@ -111,10 +114,12 @@ def _sweep_callback(
             for run in runs
         ]
     )
+    states = mark_redo(runs, force)  # finished runs: current, stale (code changed) or unrecorded
     if dry_run:
+        state_of = {run.name: state for state, runs_in in states.items() for run in runs_in}
+        notes = FORCED_NOTES if force else DRY_RUN_NOTES
         for run in runs:
-            done = " (finished)" if (run.run_dir / SUMMARY_FILE).is_file() else ""
-            click.echo(f"{run.describe()}: {run.run_dir}{done}")
+            click.echo(f"{run.describe()}: {run.run_dir}{notes[state_of[run.name]]}")
         click.echo(f"sweep: {len(runs)} runs (dry run, nothing was run)")
         return 0
     check_writable(base.out)
@@ -126,7 +131,8 @@ def _sweep_callback(
         if quiet:
             return
         if summary is not None:
-            detail = f"done, pers_acc {summary['pers_acc']:.4f}, {summary['wall_time_s']:.1f}s"
+            again = {"stale": " (re-run: stale)", "forced": " (redone: --force)"}.get(run.redo or "", "")
+            detail = f"done{again}, pers_acc {summary['pers_acc']:.4f}, {summary['wall_time_s']:.1f}s"
         elif run.status == "skipped":
             detail = "skipped (already finished)"
         elif run.status == "claimed":
@@ -142,13 +148,17 @@ def _sweep_callback(
             f"sweep: {len(runs)} runs into {Path(base.out) / RUNS_DIR}"
             + (f" as Ray tasks ({cpus_per_run:g} CPU, {gpus_per_run:g} GPU each)" if on_ray else "")
         )
+    for line in redo_lines(states, force):
+        click.echo(line)
     try:
         if on_ray:
             from pflbench.sweeps.on_ray import run_sweep_on_ray
 
-            run_sweep_on_ray(runs, record, grid, base, plugin, report, cpus_per_run, gpus_per_run, disconnect=True)
+            run_sweep_on_ray(
+                runs, record, grid, base, plugin, report, cpus_per_run, gpus_per_run, disconnect=True, force=force
+            )
         else:
-            run_sweep(runs, record, grid, base, plugin, report, jobs=jobs)
+            run_sweep(runs, record, grid, base, plugin, report, jobs=jobs, force=force)
     except KeyboardInterrupt:
         counts = count_statuses(runs)
         click.echo(
@@ -159,8 +169,10 @@ def _sweep_callback(
         )
         raise
     counts = count_statuses(runs)
+    redone = sum(1 for run in runs if run.status == "done" and run.redo)
     click.echo(
-        f"sweep: {counts['done']} done, {counts['skipped']} skipped (already finished), "
+        f"sweep: {counts['done']} done{f' ({redone} of them finished before: stale or --force)' if redone else ''}, "
+        f"{counts['skipped']} skipped (already finished), "
         f"{counts['claimed']} skipped (running elsewhere), {counts['diverged']} diverged, "
         f"{counts['failed']} failed; record: {record}"
     )
@@ -174,12 +186,51 @@ def _sweep_callback(
     return 1 if counts["failed"] or counts["diverged"] else 0
 
 
+DRY_RUN_NOTES = {
+    "unfinished": "",
+    "current": " (finished)",
+    "stale": " (finished, stale: its code changed; will be re-run)",
+    "unrecorded": " (finished, recorded before code records: kept)",
+}
+FORCED_NOTES = {
+    state: " (finished; --force: will be redone)" if state != "unfinished" else "" for state in DRY_RUN_NOTES
+}
+
+
+def _named(runs: list[Any]) -> str:
+    names = ", ".join(run.name for run in runs[:NAMES_SHOWN])
+    return names + (f", … ({len(runs) - NAMES_SHOWN} more)" if len(runs) > NAMES_SHOWN else "")
+
+
+def redo_lines(states: dict[str, list[Any]], force: bool) -> list[str]:
+    """One line each: the finished runs redone (--force), re-run (stale) or kept (unrecorded)."""
+    finished = [run for state in ("current", "stale", "unrecorded") for run in states[state]]
+    if force:
+        replaced = "each result is replaced once its new run completes"
+        return [f"sweep --force: redoing {len(finished)} finished runs too ({replaced})"] if finished else []
+    lines = []
+    if states["stale"]:
+        stale = states["stale"]
+        lines.append(
+            f"sweep: {len(stale)} finished runs are stale (code changed since they ran), re-running: {_named(stale)}"
+        )
+    if states["unrecorded"]:
+        kept = states["unrecorded"]
+        lines.append(
+            f"sweep: {len(kept)} finished runs were recorded before pflbench recorded code; kept as finished "
+            f"(--force redoes them): {_named(kept)}"
+        )
+    return lines
+
+
 sweep_command = RunCommand(
     "sweep",
     callback=_sweep_callback,
     help="Run a grid of experiments: algorithms × datasets × α × seeds × --set axes.\n\n"
-    "Every other option is shared by all runs. Runs already finished in --out are skipped and "
-    "unfinished ones continue from their checkpoint, so rerunning the command resumes the sweep; "
+    "Every other option is shared by all runs. Runs already finished in --out are skipped, "
+    "unless their code changed since they ran (stale: a plugin file, a built-in plugin module or "
+    "pflbench's version; they are re-run and their results replaced), and unfinished ones continue "
+    "from their checkpoint, so rerunning the command resumes the sweep; --force redoes every run; "
     "runs another live process is running are skipped; a diverged run keeps its partial "
     "results (status diverged, exit code 1); a failed run gets error.json in its folder and "
     "the sweep goes on (exit code 1 at the end). The sweep's grid and each run's status go to "
@@ -236,6 +287,12 @@ sweep_command = RunCommand(
             help="Runs at once, each in its own process with max(1, threads // jobs) "
             "threads (--threads 0: every usable core). Same metrics as --jobs 1 "
             "at equal threads per run.",
+        ),
+        click.Option(
+            ["--force"],
+            is_flag=True,
+            help="Redo every run of the grid, finished ones too (each earlier result is replaced "
+            "only when its new run completes).",
         ),
         click.Option(["--quiet", "-q"], is_flag=True, help="Print only the final summary."),
         click.Option(

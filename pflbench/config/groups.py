@@ -32,6 +32,8 @@ class PartitionSpec:
     seed: int
     dirichlet_cut: str
     partition_file: str | None
+    val_frac: float  # each client's validation split, carved out of its train split
+    new_clients: float  # fraction of clients held out of training (data.partition.choose_new_clients)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from pflbench.util.hashing import settings_hash
 
 # Settings a run's identity leaves out at these values (the numbers are those of the default;
 # --executor ray gives sequential's numbers too): how a table names a run that omits them.
-OMITTED_AT_DEFAULT: dict[str, Any] = {"executor": "sequential", "finetune_epochs": 0}
+OMITTED_AT_DEFAULT: dict[str, Any] = {"executor": "sequential", "finetune_epochs": 0, "new_clients": 0.0}
 RUN_HASH_LENGTH = 8  # a run folder's name ends in the first 8 characters of its identity's hash
 
 # RunConfig field → the keyword a partitioner function takes for it. A partitioner reads a
@@ -56,6 +56,7 @@ def partition_identity(spec: PartitionSpec) -> dict[str, Any]:
         "partition": spec.partition,
         "num_clients": spec.num_clients,
         "test_frac": spec.test_frac,
+        "val_frac": spec.val_frac,
         "public_frac": spec.public_frac,
     }
     if spec.partition_file is not None:
@@ -97,6 +98,8 @@ def run_identity(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dic
         identity["executor"] = config.executor
     if config.finetune_epochs != OMITTED_AT_DEFAULT["finetune_epochs"]:
         identity["finetune_epochs"] = config.finetune_epochs
+    if config.new_clients != OMITTED_AT_DEFAULT["new_clients"]:
+        identity["new_clients"] = config.new_clients
     if config.pretrained or config.weights:
         identity.update(pretrained=config.pretrained, weights=config.weights)
     if init.pretrains(lora_rank is not None):

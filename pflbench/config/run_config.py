@@ -23,6 +23,9 @@ from pflbench.config.groups import ExecutorSpec, FederationSpec, InitSpec, Local
 from pflbench.errors import ConfigError
 
 MAX_THREADS = 1024  # torch's thread pool crashes far above any machine's cores (100000: a segfault)
+# Settings added after runs were recorded whose default changes the numbers: the value that
+# reproduces a run whose config.json predates them (a rerun fills a missing setting with it).
+VALUE_BEFORE_ADDED: dict[str, Any] = {"val_frac": 0.0}
 
 
 def option(default: Any, help: str, **metadata: Any) -> Any:
@@ -61,11 +64,23 @@ class RunConfig:
         "flwr-datasets partitioner instead (pip install 'pflbench[flwr]').",
     )
     test_frac: float = option(0.25, "Fraction of each client's samples held out for its test split.")
+    val_frac: float = option(
+        0.1,
+        "Fraction of each client's samples carved out of its training part as its validation split "
+        "(stratified by label; the test split is unchanged): val_* metrics, for tuning on validation, "
+        "never on test. 0 = none.",
+    )
     num_clients: int | None = option(
         None,
         "Number of clients K [default: a partition file's K, else 20; given with a partition file, it must agree].",
     )
-    frac: float = option(1.0, "Fraction of clients sampled per round, M = max(1, round(K·frac)).")
+    frac: float = option(1.0, "Fraction of the training clients sampled per round, M = max(1, round(K_train·frac)).")
+    new_clients: float = option(
+        0.0,
+        "Fraction of the K clients held out of training entirely (new, unseen clients; a seeded "
+        "choice, at least 1 when > 0): never sampled, served after training by the algorithm's "
+        "adaptation and reported as new_acc at every evaluation. 0 = none.",
+    )
     rounds: int = option(50, "Communication rounds.")
     local_epochs: int = option(1, "Local epochs per round.")
     batch_size: int = option(32, "Local minibatch size.")
@@ -152,14 +167,21 @@ class RunConfig:
     )
     log: tuple[str, ...] = option(
         (),
-        "Experiment tracker(s): tensorboard, mlflow (comma-separated or "
-        "repeatable; pip install 'pflbench[tensorboard]' / '[mlflow]').",
+        "Experiment tracker(s): tensorboard, mlflow, wandb (offline unless WANDB_MODE=online) or a "
+        "plugin's (comma-separated or repeatable; pip install 'pflbench[tensorboard]' / '[mlflow]' "
+        "/ '[wandb]'; `pflbench list trackers`).",
     )
     mlflow_uri: str | None = option(None, "MLflow tracking URI for --log mlflow [default: sqlite:///OUT/mlflow.db].")
 
     @property
+    def num_training_clients(self) -> int:
+        """K_train: the clients that take part in training (K less the new clients)."""
+        num_clients = _resolved(self.num_clients, "num_clients")
+        return num_clients - new_client_count(num_clients, self.new_clients)
+
+    @property
     def sampled_per_round(self) -> int:
-        return max(1, round(_resolved(self.num_clients, "num_clients") * self.frac))
+        return max(1, round(self.num_training_clients * self.frac))
 
     @property
     def resolved_eval_every(self) -> int:
@@ -191,6 +213,8 @@ class RunConfig:
             self.seed,
             self.dirichlet_cut,
             self.partition_file,
+            self.val_frac,
+            self.new_clients,
         )
 
     @property
@@ -224,6 +248,30 @@ class RunConfig:
             self.weight_decay,
             _resolved(self.max_grad_norm, "max_grad_norm"),
         )
+
+
+def new_client_count(num_clients: int, fraction: float) -> int:
+    """How many of ``num_clients`` clients ``--new-clients fraction`` holds out of training:
+    floor(fraction·K + 0.5), at least 1 when fraction > 0; ConfigError when none would train."""
+    check_new_clients_fraction(fraction)
+    if fraction == 0:
+        return 0
+    count = max(1, math.floor(fraction * num_clients + 0.5))
+    if count >= num_clients:
+        fix = (
+            "it needs at least 2 clients"
+            if num_clients < 2
+            else f"use a fraction below {(num_clients - 0.5) / num_clients:.3g} or more clients"
+        )
+        raise ConfigError(
+            f"--new-clients {fraction:g} holds out {count} of {num_clients} clients, leaving none to train; {fix}"
+        )
+    return count
+
+
+def check_new_clients_fraction(fraction: float) -> None:
+    if not (math.isfinite(fraction) and 0 <= fraction < 1):
+        raise ConfigError(f"--new-clients must be a fraction in [0, 1) (0 = none), got {fraction}")
 
 
 def with_base_defaults(config: RunConfig) -> RunConfig:
@@ -293,6 +341,15 @@ def validate(config: RunConfig) -> None:
         (config.batch_size >= 1, f"--batch-size must be ≥ 1, got {config.batch_size}"),
         (math.isfinite(lr) and lr > 0, f"--lr must be a finite number > 0, got {config.lr}"),
         (0 < config.test_frac < 1, f"--test-frac must be in (0, 1), got {config.test_frac}"),
+        (
+            math.isfinite(config.val_frac) and 0 <= config.val_frac < 1,
+            f"--val-frac must be in [0, 1) (0 = no validation split), got {config.val_frac}",
+        ),
+        (
+            config.val_frac + config.test_frac < 1,
+            f"--val-frac {config.val_frac:g} + --test-frac {config.test_frac:g} = "
+            f"{config.val_frac + config.test_frac:g} leaves no training samples; their sum must be < 1",
+        ),
         (config.shards_per_client >= 1, f"--shards-per-client must be ≥ 1, got {config.shards_per_client}"),
         (config.min_size >= 2, f"--min-size must be ≥ 2 (a train and a test sample), got {config.min_size}"),
         (config.eval_every is None or config.eval_every >= 1, f"--eval-every must be ≥ 1, got {config.eval_every}"),
@@ -326,6 +383,9 @@ def validate(config: RunConfig) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    check_new_clients_fraction(config.new_clients)
+    if config.num_clients is not None:  # else checked once K is fitted (data.partition.fit_num_clients)
+        new_client_count(config.num_clients, config.new_clients)
 
 
 def field_types(cls: type) -> dict[str, Any]:

@@ -162,8 +162,11 @@ def _call_loader(name: str, loader: Any, options: dict[str, Any]) -> TensorDatas
         raise ConfigError(f"--dataset-option for dataset {name!r} (given: {given}) is not valid: {reason}") from error
 
 
+EVAL_SPLITS = ("test", "val")  # the splits a model is evaluated on (``FederatedData.eval_indices``)
+
+
 class FederatedData:
-    """The pooled tensors on the device plus each client's train/test index tensors."""
+    """The pooled tensors on the device plus each client's train/validation/test index tensors."""
 
     def __init__(
         self,
@@ -171,6 +174,7 @@ class FederatedData:
         train_splits: list[np.ndarray],
         test_splits: list[np.ndarray],
         device: torch.device,
+        val_splits: list[np.ndarray] | None = None,
     ) -> None:
         self.device = device
         self.num_classes = dataset.num_classes
@@ -185,6 +189,20 @@ class FederatedData:
         self.test_indices = [torch.as_tensor(s, dtype=torch.long, device=device) for s in test_splits]
         self.num_train = [len(s) for s in train_splits]
         self.num_test = [len(s) for s in test_splits]
+        val_splits = val_splits if val_splits else [np.zeros(0, dtype=np.int64)] * len(train_splits)
+        self.val_indices = [torch.as_tensor(s, dtype=torch.long, device=device) for s in val_splits]
+        self.num_val = [len(s) for s in val_splits]
+
+    def eval_indices(self, split: str) -> list[torch.Tensor]:
+        """Each client's indices of evaluation split ``split``: ``test`` or ``val``."""
+        if split not in EVAL_SPLITS:
+            raise ValueError(f"unknown evaluation split {split!r}; valid: {', '.join(EVAL_SPLITS)}")
+        return self.test_indices if split == "test" else self.val_indices
+
+    def eval_counts(self, split: str) -> list[int]:
+        """Each client's number of samples in evaluation split ``split``."""
+        self.eval_indices(split)  # a bad name fails here
+        return self.num_test if split == "test" else self.num_val
 
     @property
     def num_clients(self) -> int:

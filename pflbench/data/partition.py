@@ -1,18 +1,27 @@
-"""The run's partition stage: the one owner of how a run's samples are split over clients, and of how many clients there are (a preset partition — file, flwr-datasets, a dataset's own client split — or a registered partitioner)."""
+"""The run's partition stage: the one owner of how a run's samples are split over clients, and of
+how many clients there are (a preset partition — file, flwr-datasets, a dataset's own client
+split — or a registered partitioner), each client's train / validation / test split, and which
+clients are new (held out of training, ``--new-clients``)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pflbench.config.identity import partitioner_arguments
-from pflbench.config.run_config import RunConfig, with_base_defaults
+from pflbench.config.run_config import RunConfig, new_client_count, with_base_defaults
 from pflbench.data.flwr import FLWR_PREFIX, flwr_preset
-from pflbench.data.partitioners import partition, partition_stats, public_split, split_train_test
+from pflbench.data.partitioners import (
+    partition,
+    partition_stats,
+    public_split,
+    split_train_test,
+    split_validation,
+)
 from pflbench.data.presets import PresetPartition, read_partition_file, validate_partition
 from pflbench.errors import ConfigError
 from pflbench.util.seeding import rng_stream
@@ -30,28 +39,67 @@ class Partition:
     test: list[np.ndarray]
     stats: dict[str, Any]
     public: np.ndarray  # held out for pretraining, given to no client (--public-frac)
+    val: list[np.ndarray] = field(default_factory=list)  # per client; empty arrays without --val-frac
+    new_clients: list[int] = field(default_factory=list)  # held out of training (--new-clients)
+
+    @property
+    def has_val(self) -> bool:
+        return any(len(v) for v in self.val)
 
     def to_json(self) -> dict[str, Any]:
+        """partition.json: indices per client (``val_indices`` and ``new_clients`` when there
+        are any), the public indices and the statistics."""
         return {
             "train_indices": [s.tolist() for s in self.train],
+            **({"val_indices": [s.tolist() for s in self.val]} if self.has_val else {}),
             "test_indices": [s.tolist() for s in self.test],
+            **({"new_clients": list(self.new_clients)} if self.new_clients else {}),
             "public_indices": self.public.tolist(),
             "stats": self.stats,
         }
 
 
+def choose_new_clients(num_clients: int, fraction: float, seed: int) -> list[int]:
+    """The clients ``--new-clients fraction`` holds out of training: ``config.new_client_count``
+    of the K, drawn without replacement from the ``new_clients`` stream (sorted)."""
+    count = new_client_count(num_clients, fraction)
+    if count == 0:
+        return []
+    chosen = rng_stream(seed, "new_clients").choice(num_clients, size=count, replace=False)
+    return sorted(int(k) for k in chosen)
+
+
+def with_validation(
+    labels: np.ndarray,
+    train: list[np.ndarray],
+    test: list[np.ndarray],
+    recorded: list[np.ndarray] | None,
+    config: PartitionSpec,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(train, validation) per client: a recorded validation split as it is, else one carved out
+    of each client's train split at ``val_frac`` (``val`` stream); the test split is never touched."""
+    if recorded is not None:
+        return train, recorded
+    return split_validation(labels, train, test, config.val_frac, rng_stream(config.seed, "val"))
+
+
 def make_partition(spec: PartitionSpec | RunConfig, dataset: TensorDataset) -> Partition:
     """Hold out the public fraction (public stream), partition the rest over clients
-    (partition stream), then split each client (split stream). Reads only the partition group
-    (a RunConfig is accepted for convenience: its unset settings take the base defaults)."""
+    (partition stream), split each client into train/test (split stream), carve its validation
+    split out of its train split (val stream: the test split is the one without validation),
+    and choose the new clients (new_clients stream). Reads only the partition group (a
+    RunConfig is accepted for convenience: its unset settings take the base defaults)."""
     config = fit_num_clients(with_base_defaults(spec), dataset).partition_spec if isinstance(spec, RunConfig) else spec
     if config.num_clients is None:
         raise RuntimeError("num_clients is unset: fit it first (data.partition.fit_num_clients)")
     labels = dataset.labels.numpy()
     preset = preset_partition(config, dataset)  # --partition-file, or a dataset's own client split
+    new_clients = choose_new_clients(config.num_clients, config.new_clients, config.seed)
     if preset is not None:
-        stats = partition_stats(labels, preset.train, preset.test, dataset.num_classes)
-        return Partition(preset.train, preset.test, {**stats, "public_samples": len(preset.public)}, preset.public)
+        train, val = with_validation(labels, preset.train, preset.test, preset.val, config)
+        stats = partition_stats(labels, train, preset.test, dataset.num_classes, val)
+        stats = {**stats, "public_samples": len(preset.public)}
+        return Partition(train, preset.test, stats, preset.public, val, new_clients)
     pool, public = public_split(labels, config.public_frac, config.seed)
     groups = None if dataset.groups is None else np.asarray(dataset.groups)[pool]
     clients = partition(
@@ -64,8 +112,9 @@ def make_partition(spec: PartitionSpec | RunConfig, dataset: TensorDataset) -> P
     )
     clients = [pool[indices] for indices in clients]
     train, test = split_train_test(labels, clients, config.test_frac, rng_stream(config.seed, "split"))
-    stats = {**partition_stats(labels, train, test, dataset.num_classes), "public_samples": len(public)}
-    return Partition(train, test, stats, public)
+    train, val = with_validation(labels, train, test, None, config)
+    stats = {**partition_stats(labels, train, test, dataset.num_classes, val), "public_samples": len(public)}
+    return Partition(train, test, stats, public, val, new_clients)
 
 
 def preset_partition(config: PartitionSpec | RunConfig, dataset: TensorDataset) -> PresetPartition | None:
@@ -112,12 +161,15 @@ def fit_num_clients(config: RunConfig, dataset: TensorDataset | Callable[[], Ten
     else:
         preset = preset_partition(config, dataset() if callable(dataset) else dataset)
     if preset is None:
-        return (
+        fitted = (
             config if config.num_clients is not None else dataclasses.replace(config, num_clients=DEFAULT_NUM_CLIENTS)
         )
+        new_client_count(fitted.num_clients or 0, fitted.new_clients)  # some client must train
+        return fitted
     if config.num_clients is not None and config.num_clients != preset.num_clients:
         raise ConfigError(
             f"--num-clients {config.num_clients} contradicts partition {preset.source!r}, which has "
             f"{preset.num_clients} clients; drop --num-clients (the partition sets it)"
         )
+    new_client_count(preset.num_clients, config.new_clients)
     return dataclasses.replace(config, num_clients=preset.num_clients)

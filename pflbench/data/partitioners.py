@@ -1,7 +1,8 @@
 """Partitioners: pure functions (labels, K, rng, params) → list of K index arrays (SPEC §2).
 
 Every sample goes to at most one client. ``split_train_test`` then splits each client's
-samples into train/test, stratified by label inside the client.
+samples into train/test, stratified by label inside the client, and ``split_validation`` carves
+each client's validation split out of its train split (the test split untouched).
 """
 
 from __future__ import annotations
@@ -247,15 +248,67 @@ def split_train_test(
     return train_splits, test_splits
 
 
-def partition_stats(
-    labels: np.ndarray, train_splits: list[np.ndarray], test_splits: list[np.ndarray], num_classes: int
-) -> dict[str, Any]:
-    """Samples per client, classes per client and the K × C label histogram (train+test)."""
+def split_validation(
+    labels: np.ndarray,
+    train_splits: list[np.ndarray],
+    test_splits: list[np.ndarray],
+    val_frac: float,
+    rng: np.random.Generator,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(train, validation) per client: the validation split carved out of each client's train
+    split, stratified by label inside the client; the test split is not touched.
+
+    Class c of a client with n_c samples in train + test, m_c of them in train, puts
+    min(floor(val_frac · n_c + 0.5), m_c) of its train samples (a random choice) into validation,
+    so validation is a ``val_frac`` fraction of the client's samples, like the test split's
+    ``test_frac``. A client whose rounding leaves validation empty moves one train sample of its
+    largest train class there. ConfigError when a client's train split would be left empty (or
+    is too small to give up a validation sample). ``val_frac`` 0: no validation, train unchanged.
+    """
     labels = np.asarray(labels)
+    empty = np.zeros(0, dtype=np.int64)
+    if val_frac <= 0:
+        return list(train_splits), [empty] * len(train_splits)
+    new_train, val_splits = [], []
+    for k, (train, test) in enumerate(zip(train_splits, test_splits)):
+        train_labels, test_labels = labels[train], labels[test]
+        kept, held = [], []
+        for c in np.unique(train_labels):
+            members = rng.permutation(train[train_labels == c])
+            total = len(members) + int((test_labels == c).sum())
+            n_val = min(int(np.floor(val_frac * total + 0.5)), len(members))
+            held.append(members[:n_val])
+            kept.append(members[n_val:])
+        val_idx = np.concatenate(held) if held else empty
+        train_idx = np.concatenate(kept) if kept else empty
+        if len(val_idx) == 0 and len(train_idx) > 1:
+            largest = int(np.argmax([len(part) for part in kept]))
+            val_idx = kept[largest][:1]
+            train_idx = np.concatenate([part[1:] if i == largest else part for i, part in enumerate(kept)])
+        if len(train_idx) == 0 or len(val_idx) == 0:
+            raise ConfigError(
+                f"--val-frac {val_frac:g}: client {k} has {len(train)} train samples, too few to keep a "
+                "train and a validation sample; lower --val-frac (0 = no validation split) or --test-frac"
+            )
+        new_train.append(np.sort(train_idx).astype(np.int64))
+        val_splits.append(np.sort(val_idx).astype(np.int64))
+    return new_train, val_splits
+
+
+def partition_stats(
+    labels: np.ndarray,
+    train_splits: list[np.ndarray],
+    test_splits: list[np.ndarray],
+    num_classes: int,
+    val_splits: list[np.ndarray] | None = None,
+) -> dict[str, Any]:
+    """Samples per client, classes per client and the K × C label histogram (train+val+test)."""
+    labels = np.asarray(labels)
+    val_splits = val_splits or [np.zeros(0, dtype=np.int64)] * len(train_splits)
     histogram = np.stack(
         [
-            np.bincount(labels[np.concatenate([tr, te])], minlength=num_classes)
-            for tr, te in zip(train_splits, test_splits)
+            np.bincount(labels[np.concatenate([tr, va, te])], minlength=num_classes)
+            for tr, va, te in zip(train_splits, val_splits, test_splits)
         ]
     )
     sizes = histogram.sum(axis=1)
@@ -263,6 +316,7 @@ def partition_stats(
     return {
         "num_clients": len(train_splits),
         "train_samples": [len(s) for s in train_splits],
+        "val_samples": [len(s) for s in val_splits],
         "test_samples": [len(s) for s in test_splits],
         "samples_per_client": sizes.tolist(),
         "classes_per_client": classes_per_client.tolist(),

@@ -7,15 +7,20 @@ An exported partition (``pflbench partition --export FILE``) is one JSON object:
     {"format": "pflbench-partition", "version": 1,
      "dataset": {"name": "mnist", "size": 70000, "num_classes": 10, "source": "..."},
      "num_clients": K,
-     "clients": [{"train": [i, ...], "test": [j, ...]}, ...],   # indices into the pooled dataset
+     "clients": [{"train": [i, ...], "val": [...], "test": [j, ...]}, ...],   # into the pooled dataset
      "public": [...],                                          # held out, given to no client
      "settings": {...}}                                        # how it was made (informative)
 
 Indices address the pooled dataset (all of the dataset's splits concatenated in order, as the
-loaders build it). ``--partition-file`` also reads a run's ``partition.json`` (and the
-``partition --save`` file). Whatever the source, a partition is validated before use: every
-index in range, no sample twice (across clients and train/test/public), no client without
-train or test samples; each failure is one ``ConfigError`` line.
+loaders build it). ``"val"`` (a client's validation split) is optional: it is written when the
+partition has one (``--val-frac`` > 0), and a file that records validation indices fixes the
+validation split as it fixes train and test; a file without them (older exports, hand-made
+files) gets its validation split carved out of each client's train split at ``--val-frac``
+(``data.partition.make_partition``). ``--partition-file`` also reads a run's ``partition.json``
+(``val_indices``) and the ``partition --save`` file. Whatever the source, a partition is
+validated before use: every index in range, no sample twice (across clients and
+train/val/test/public), no client without train or test samples; each failure is one
+``ConfigError`` line.
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ VERSION = 1
 
 @dataclass
 class PresetPartition:
-    """Exact per-client train/test indices (and public indices) into the pooled dataset."""
+    """Exact per-client train/test indices (and public indices) into the pooled dataset; ``val``
+    the per-client validation indices when the source records them (None: carve them)."""
 
     train: list[np.ndarray]
     test: list[np.ndarray]
@@ -51,6 +57,7 @@ class PresetPartition:
     source: str
     dataset_name: str | None = None
     dataset_size: int | None = None
+    val: list[np.ndarray] | None = None
 
     @property
     def num_clients(self) -> int:
@@ -66,9 +73,12 @@ def partition_document(
     train: Sequence[np.ndarray],
     test: Sequence[np.ndarray],
     public: np.ndarray,
+    val: Sequence[np.ndarray] | None = None,
 ) -> dict[str, Any]:
-    """The export JSON object (see the module docstring). Always portable: a file made to be
-    shared names no local absolute path (``store.writer.without_local_paths``)."""
+    """The export JSON object (see the module docstring); each client's ``"val"`` only when
+    ``val`` holds a validation sample. Always portable: a file made to be shared names no local
+    absolute path (``store.writer.without_local_paths``)."""
+    has_val = val is not None and any(len(v) for v in val)
     settings = {
         k: v
         for k, v in dataclasses.asdict(config).items()
@@ -80,6 +90,7 @@ def partition_document(
             "shards_per_client",
             "min_size",
             "test_frac",
+            "val_frac",
             "public_frac",
             "seed",
             "dataset_option",
@@ -98,7 +109,12 @@ def partition_document(
             },
             "num_clients": len(train),
             "clients": [
-                {"train": np.asarray(tr).tolist(), "test": np.asarray(te).tolist()} for tr, te in zip(train, test)
+                {
+                    "train": np.asarray(tr).tolist(),
+                    **({"val": np.asarray(val[k]).tolist()} if has_val else {}),
+                    "test": np.asarray(te).tolist(),
+                }
+                for k, (tr, te) in enumerate(zip(train, test))
             ],
             "public": np.asarray(public).tolist(),
             "settings": settings,
@@ -142,6 +158,7 @@ def read_partition_file(path: str | Path) -> PresetPartition:
             raise ConfigError(f'{where}: \'clients\' must be a list of {{"train": [...], "test": [...]}}')
         train = [c.get("train") for c in clients]
         test = [c.get("test") for c in clients]
+        val = [c.get("val", []) for c in clients] if any("val" in c for c in clients) else None
         dataset = document.get("dataset") or {}
         name, size = dataset.get("name"), dataset.get("size")
         declared = document.get("num_clients")
@@ -149,6 +166,7 @@ def read_partition_file(path: str | Path) -> PresetPartition:
             raise ConfigError(f"{where} declares num_clients={declared} but lists {len(clients)} clients")
     elif "train_indices" in document and "test_indices" in document:  # partition.json / --save
         train, test = document["train_indices"], document["test_indices"]
+        val = document.get("val_indices")
         name = (document.get("config") or {}).get("dataset")
         size = None
     else:
@@ -164,8 +182,17 @@ def read_partition_file(path: str | Path) -> PresetPartition:
         source=str(path),
         dataset_name=name,
         dataset_size=size,
+        val=None if val is None else _val_lists(val, len(train), where),
     )
     return preset
+
+
+def _val_lists(val: Any, num_clients: int, where: str) -> list[np.ndarray] | None:
+    """The recorded validation indices (None when every client's list is empty: none recorded)."""
+    if not isinstance(val, list) or len(val) != num_clients:
+        raise ConfigError(f"{where}: validation indices must be one list per client ({num_clients} clients)")
+    arrays = [_index_array(v, where, f"client {k} val") for k, v in enumerate(val)]
+    return arrays if any(len(a) for a in arrays) else None
 
 
 def _index_array(values: Any, where: str, what: str) -> np.ndarray:
@@ -186,6 +213,9 @@ def validate_partition(preset: PresetPartition, dataset_size: int, dataset_name:
         raise ConfigError(f"{where} has no clients")
     if len(preset.test) != preset.num_clients:
         raise ConfigError(f"{where} has {preset.num_clients} train lists but {len(preset.test)} test lists")
+    val = preset.val or []
+    if val and len(val) != preset.num_clients:
+        raise ConfigError(f"{where} has {preset.num_clients} train lists but {len(val)} validation lists")
     if preset.dataset_size is not None and preset.dataset_size != dataset_size:
         raise ConfigError(
             f"{where} was made for a dataset of {preset.dataset_size} samples "
@@ -200,7 +230,9 @@ def validate_partition(preset: PresetPartition, dataset_size: int, dataset_name:
         if len(train) == 0 or len(test) == 0:
             split = "train" if len(train) == 0 else "test"
             raise ConfigError(f"{where}: client {k} has no {split} samples")
-    everything = np.concatenate([*preset.train, *preset.test, preset.public])
+        if val and len(val[k]) == 0:
+            raise ConfigError(f"{where}: client {k} has no validation samples (the file records them for others)")
+    everything = np.concatenate([*preset.train, *val, *preset.test, preset.public])
     if everything.min() < 0 or everything.max() >= dataset_size:
         bad = everything[(everything < 0) | (everything >= dataset_size)][0]
         raise ConfigError(
@@ -212,5 +244,5 @@ def validate_partition(preset: PresetPartition, dataset_size: int, dataset_name:
         twice = int(np.flatnonzero(counts > 1)[0])
         raise ConfigError(
             f"{where}: sample {twice} is assigned {counts[twice]} times "
-            "(each sample may appear once, in one client's train or test split or public)"
+            "(each sample may appear once, in one client's train, validation or test split or public)"
         )

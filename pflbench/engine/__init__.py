@@ -1,18 +1,19 @@
 """The round engine: plugin contract, executors, the round loop and observers.
 
 - ``types``: what crosses the executor seam (``ClientJob``, ``ClientUpdate``, ``OptimizerSpec``, ...)
-- ``algorithm``: ``Algorithm`` (server-side hooks) and ``ClientProgram`` (client-side hooks)
+- ``algorithm``: ``Algorithm`` (server-side hooks), ``ClientProgram`` (client-side hooks) and
+  ``FineTuneProgram`` (train some parameters for some epochs, upload the whole model)
 - ``state``: ``ClientStateStore`` (each client's private tensors)
 - ``local``: ``LocalTrainer`` (one client's model and data) and the default batch loop
 - ``executor``: ``Executor`` protocol and ``SequentialExecutor``
 - ``federation``: ``Federation``, the one round loop
 - ``observers``: ``RunObserver`` (progress bar, writer, tests)
-- ``personalize``: test-time personalization through the executor (``FineTuneProgram``)
+- ``personalize``: test-time personalization through the executor (``personalize``)
 """
 
 from __future__ import annotations
 
-from pflbench.engine.algorithm import Algorithm, ClientProgram
+from pflbench.engine.algorithm import Algorithm, ClientProgram, FineTuneProgram
 from pflbench.engine.executor import EXECUTORS, Executor, SequentialExecutor
 from pflbench.engine.federation import Diverged, Federation, mean_loss_terms
 from pflbench.engine.local import (
@@ -24,7 +25,7 @@ from pflbench.engine.local import (
     standard_local_update,
 )
 from pflbench.engine.observers import Observer, RunObserver
-from pflbench.engine.personalize import FineTuneProgram, personalize
+from pflbench.engine.personalize import personalize
 from pflbench.engine.state import ClientStateStore
 from pflbench.engine.types import (
     ClientJob,

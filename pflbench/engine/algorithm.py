@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pflbench.config import lora
+from pflbench.config.space import Dimension, around
 from pflbench.engine.fingerprint import fingerprint
 from pflbench.engine.local import LocalResult, LocalTrainer, standard_local_update
 from pflbench.engine.state import ClientStateStore
@@ -105,6 +106,32 @@ class ClientProgram(Generic[H]):
         return {name: state[name].detach().clone() for name in self.layout.private}
 
 
+class FineTuneProgram(ClientProgram[NoHyperparameters]):
+    """``epochs`` epochs of the standard batch loop (cross-entropy, the run's local optimizer) over
+    ``names`` (default: every trainable parameter), then the whole model state is uploaded.
+
+    It uses only the default ``local_update``, so every executor that runs plain local training
+    can run it."""
+
+    def __init__(
+        self, trainable: tuple[str, ...], local: LocalSpec, epochs: int, names: frozenset[str] | None = None
+    ) -> None:
+        layout = ParamLayout(trainable=tuple(trainable), shared=(), private=())
+        super().__init__(layout, NoHyperparameters(), local)
+        self.epochs = epochs
+        self.names = frozenset(trainable) if names is None else frozenset(names)
+
+    def local_phases(self, client_id: int) -> list[LocalPhase]:
+        return [LocalPhase(self.epochs, self.names)]
+
+    def upload(self, state: Tensors, received: Tensors) -> Tensors:
+        """The tuned model: every tensor the job received (the full evaluation state)."""
+        return {name: state[name].detach().clone() for name in received}
+
+    def private_state(self, state: Tensors, job_private: Tensors) -> Tensors:
+        return {}
+
+
 # What ``Algorithm.__init__`` sets and the engine saves (global_state, store) or never changes.
 ENGINE_ATTRIBUTES = frozenset(
     {"config", "hparams", "model", "num_train", "layout", "global_state", "initial_state", "store", "program"}
@@ -150,6 +177,13 @@ class Algorithm(Generic[H]):
     @classmethod
     def check_config(cls, config: RunConfig, hparams: H) -> None:
         """Refuse settings this algorithm would ignore or cannot honour (raise ConfigError)."""
+
+    @classmethod
+    def search_space(cls, config: RunConfig, hparams: H) -> dict[str, Dimension]:
+        """The default space of ``pflbench tune`` (``config`` resolved): the local learning rate,
+        log-uniform from a tenth to ten times its resolved default. An algorithm adds the
+        hyperparameters its paper tunes (``{**super().search_space(config, hparams), ...}``)."""
+        return {"lr": around(config.lr)}
 
     @classmethod
     def configure_model(cls, model: nn.Module, config: RunConfig, hparams: H) -> dict[str, Any]:
@@ -254,6 +288,33 @@ class Algorithm(Generic[H]):
         ``engine.personalize``). Default None: ``personal_model(k)`` is evaluated as it is."""
         return None
 
+    # ---- new clients (--new-clients): never trained, served after training ----------------
+    def new_client_model(self, client_id: int) -> Tensors:
+        """What a new client ``client_id`` (held out of training) starts from: what it would
+        receive with the initial private state (FedAvg: the global model; FedPer: the trained body
+        with a fresh head; FlexLoRA: the global update at its rank)."""
+        return self.model_state(self.program.assemble(self.broadcast(client_id), self.store.initial))
+
+    def new_client_epochs(self) -> int:
+        """Epochs of the default new-client adaptation (a fresh private part): ``--local-epochs``."""
+        return self.config.local_epochs
+
+    def new_client_program(self) -> ClientProgram | None:
+        """How a new client adapts ``new_client_model(k)`` on its own train split before it is
+        tested (run through the executor like ``personalization_program``; what it uploads is
+        evaluated, ``new_acc``). Default: the algorithm's own test-time personalization if it has
+        one (FedBABU, Per-FedAvg); else, when clients keep private model tensors (a head, a body,
+        BatchNorm layers), a fresh private part trained for ``new_client_epochs`` epochs with the
+        shared part frozen (cross-entropy, the run's local optimizer); else None: the new client
+        is evaluated with ``new_client_model(k)`` as it is (global-model methods)."""
+        adaptation = self.personalization_program()
+        if adaptation is not None:
+            return adaptation
+        private = frozenset(self.layout.private) & frozenset(self.layout.trainable)
+        if not private:
+            return None
+        return FineTuneProgram(self.layout.trainable, self.config.local_spec, self.new_client_epochs(), private)
+
     def personal_model(self, client_id: int) -> Tensors:
         """Client ``client_id``'s evaluation model: what it would receive + its private state."""
         return self.model_state(self.program.assemble(self.broadcast(client_id), self.store.get(client_id)))
@@ -325,4 +386,4 @@ class Algorithm(Generic[H]):
         return {n: t for n, t in state.items() if n in self.initial_state}
 
 
-__all__ = ["Algorithm", "ClientProgram", "ParamGroup", "OptimizerSpec", "ClientStateStore"]
+__all__ = ["Algorithm", "ClientProgram", "FineTuneProgram", "ParamGroup", "OptimizerSpec", "ClientStateStore"]

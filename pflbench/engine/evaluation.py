@@ -101,12 +101,24 @@ def _head(model: nn.Module, split: HeadSplit, features: torch.Tensor) -> torch.T
 
 
 @torch.no_grad()
-def evaluate_heads(model: nn.Module, tensors: Tensors, data, split: HeadSplit, batch: int = 256) -> np.ndarray | None:
-    """Correct test predictions of each client (in client order) under ``split``; ``tensors``
-    are ``model``'s live tensors (loaded in place). None if a hook split turns out not to hold."""
+def evaluate_heads(
+    model: nn.Module,
+    tensors: Tensors,
+    data,
+    split: HeadSplit,
+    batch: int = 256,
+    clients: list[int] | None = None,
+    on: str = "test",
+) -> np.ndarray | None:
+    """Correct predictions of each client of ``clients`` (default: all; ``split.heads[i]`` is
+    ``clients[i]``'s head) on its ``on`` split (``test`` or ``val``) under ``split``;
+    ``tensors`` are ``model``'s live tensors (loaded in place). None if a hook split turns out
+    not to hold."""
     model.eval()
+    clients = list(range(len(split.heads))) if clients is None else clients
+    indices, counts = data.eval_indices(on), data.eval_counts(on)
     load_into(tensors, {**split.common, **split.heads[0]})
-    everyone = torch.cat(data.test_indices)
+    everyone = torch.cat([indices[k] for k in clients])
     features, targets = [], []
     for start in range(0, len(everyone), batch):
         inputs, labels = data.gather(everyone[start : start + batch])
@@ -121,10 +133,10 @@ def evaluate_heads(model: nn.Module, tensors: Tensors, data, split: HeadSplit, b
     body_output, labels = torch.cat(features), torch.cat(targets)
     correct = np.zeros(len(split.heads), dtype=np.int64)
     offset = 0
-    for k, head in enumerate(split.heads):
-        count = data.num_test[k]
+    for i, head in enumerate(split.heads):
+        count = counts[clients[i]]
         load_into(tensors, head)
         logits = _head(model, split, body_output[offset : offset + count])
-        correct[k] = int((logits.argmax(dim=1) == labels[offset : offset + count]).sum())
+        correct[i] = int((logits.argmax(dim=1) == labels[offset : offset + count]).sum())
         offset += count
     return correct

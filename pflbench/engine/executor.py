@@ -32,7 +32,7 @@ class Executor(Protocol):
         """Run each job's local training; updates in the order of ``jobs``."""
 
     def evaluate(self, program: ClientProgram, jobs: Sequence[EvalJob]) -> list[np.ndarray]:
-        """Per job, the number of correct test predictions of each of its clients."""
+        """Per job, the number of correct predictions of each of its clients on the job's split."""
 
 
 class SequentialExecutor:
@@ -43,10 +43,7 @@ class SequentialExecutor:
     def __init__(self, model: nn.Module, data: FederatedData) -> None:
         self.model, self.data = model, data
         self.tensors: Tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-        self._test_owner = torch.cat(
-            [torch.full((n,), k, dtype=torch.long, device=data.device) for k, n in enumerate(data.num_test)]
-        )
-        self._all_test = torch.cat(data.test_indices)
+        self._everyone: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # split → (indices, owner) of all clients
 
     def train(self, program: ClientProgram, jobs: Sequence[ClientJob]) -> list[ClientUpdate]:
         return list(self.train_iter(program, jobs))
@@ -80,11 +77,29 @@ class SequentialExecutor:
             hits.append(self.model(inputs).argmax(dim=1) == targets)
         return torch.cat(hits) if hits else torch.zeros(0, dtype=torch.bool, device=self.data.device)
 
-    def evaluate_split(self, program: ClientProgram, states: Sequence[Tensors]) -> np.ndarray | None:
-        """Correct test predictions of every client k with model ``states[k]``, the shared body
-        run once (``evaluation.head_split``); None when the states are not body + own head."""
-        split = head_split(self.model, list(states))
-        return None if split is None else evaluate_heads(self.model, self.tensors, self.data, split)
+    def evaluate_split(
+        self,
+        program: ClientProgram,
+        states: Sequence[Tensors],
+        clients: Sequence[int] | None = None,
+        split: str = "test",
+    ) -> np.ndarray | None:
+        """Correct predictions on ``split`` of every client ``clients[i]`` (default: all, in
+        order) with model ``states[i]``, the shared body run once (``evaluation.head_split``);
+        None when the states are not body + own head."""
+        heads = head_split(self.model, list(states))
+        if heads is None:
+            return None
+        clients = range(self.data.num_clients) if clients is None else clients
+        return evaluate_heads(self.model, self.tensors, self.data, heads, clients=list(clients), on=split)
+
+    def _owned_indices(self, client_ids: Sequence[int], split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The clients' ``split`` indices, concatenated, and each index's position in ``client_ids``."""
+        indices, counts = self.data.eval_indices(split), self.data.eval_counts(split)
+        owner = [
+            torch.full((counts[k],), i, dtype=torch.long, device=self.data.device) for i, k in enumerate(client_ids)
+        ]
+        return torch.cat([indices[k] for k in client_ids]), torch.cat(owner)
 
     @torch.no_grad()
     def evaluate(self, program: ClientProgram, jobs: Sequence[EvalJob]) -> list[np.ndarray]:
@@ -94,18 +109,14 @@ class SequentialExecutor:
             load_into(self.tensors, job.state)
             if len(job.client_ids) == 1:
                 (k,) = job.client_ids
-                results.append(np.array([int(self._count_correct(self.data.test_indices[k]).sum())]))
+                results.append(np.array([int(self._count_correct(self.data.eval_indices(job.split)[k]).sum())]))
                 continue
             if list(job.client_ids) == list(range(self.data.num_clients)):
-                indices, owner = self._all_test, self._test_owner
+                if job.split not in self._everyone:  # every evaluation round: built once
+                    self._everyone[job.split] = self._owned_indices(job.client_ids, job.split)
+                indices, owner = self._everyone[job.split]
             else:
-                indices = torch.cat([self.data.test_indices[k] for k in job.client_ids])
-                owner = torch.cat(
-                    [
-                        torch.full((self.data.num_test[k],), i, dtype=torch.long, device=self.data.device)
-                        for i, k in enumerate(job.client_ids)
-                    ]
-                )
+                indices, owner = self._owned_indices(job.client_ids, job.split)
             correct = torch.zeros(len(job.client_ids), dtype=torch.long, device=self.data.device)
             correct.index_add_(0, owner, self._count_correct(indices).long())
             results.append(correct.cpu().numpy())

@@ -1,4 +1,13 @@
-"""The one round loop: sample → jobs → executor → aggregate → evaluate → observers."""
+"""The one round loop: sample → jobs → executor → aggregate → evaluate → observers.
+
+Evaluation (every ``eval_every`` rounds and after the last): each training client's model on its
+test split (``pers_acc``, ``global_acc``, ...) and, with a validation split (``--val-frac``), the
+same models on its validation split (``val_pers_acc``, ``val_global_acc``, ...: personalization
+programs run once, their result is evaluated on both). With new clients (``--new-clients``),
+clients held out of training entirely (never sampled: M is drawn from the training clients, and
+never counted in the metrics above), each new client is served by the algorithm's adaptation
+(``Algorithm.new_client_model`` / ``new_client_program``) and tested (``new_acc``, ...).
+"""
 
 from __future__ import annotations
 
@@ -13,11 +22,12 @@ import numpy as np
 import torch
 
 from pflbench.config.groups import FederationSpec
-from pflbench.engine.algorithm import Algorithm
+from pflbench.engine.algorithm import Algorithm, ClientProgram, FineTuneProgram
+from pflbench.engine.evaluation import varying_names
 from pflbench.engine.executor import Executor
 from pflbench.engine.metrics import accuracy_metrics
 from pflbench.engine.observers import RunObserver
-from pflbench.engine.personalize import FineTuneProgram, personalize
+from pflbench.engine.personalize import personalize
 from pflbench.engine.types import ClientJob, ClientUpdate, EvalJob, Tensors, tensor_bytes
 from pflbench.util.seeding import derive_seed, rng_stream
 
@@ -61,8 +71,11 @@ def check_finite(round_index: int, updates: list[ClientUpdate]) -> None:
 class Federation:
     """Runs ``algorithm``'s rounds on ``executor``; the algorithm's state lives in the driver.
 
-    ``next_round``, the byte totals and ``client_accuracy`` are the loop's own state between
-    rounds (with ``sampling_rng`` and the algorithm's state: what a checkpoint saves)."""
+    ``num_val``: each client's validation samples (None or all 0: no validation metrics);
+    ``new_clients``: the clients held out of training (``data.partition.choose_new_clients``).
+
+    ``next_round``, the byte totals, ``client_accuracy`` and ``client_metrics`` are the loop's own
+    state between rounds (with ``sampling_rng`` and the algorithm's state: what a checkpoint saves)."""
 
     def __init__(
         self,
@@ -71,20 +84,37 @@ class Federation:
         num_test: Sequence[int],
         settings: FederationSpec,
         observers: Sequence[RunObserver] = (),
+        *,
+        num_val: Sequence[int] | None = None,
+        new_clients: Sequence[int] = (),
     ) -> None:
         self.algorithm, self.executor, self.observers = algorithm, executor, list(observers)
         self.settings = settings
         self.num_test = np.asarray(num_test)
+        self.num_val = np.asarray(num_val) if num_val is not None and any(num_val) else None
+        self.new_clients = sorted(int(k) for k in new_clients)
+        held_out = set(self.new_clients)
+        self.training_clients = [k for k in range(settings.num_clients) if k not in held_out]
         self.sampling_rng = rng_stream(settings.seed, "sampling")
-        self.finetune_accuracy: np.ndarray | None = None  # per client, after --finetune-epochs
         self.next_round = 1
         self.bytes_up_total = self.bytes_down_total = 0
-        self.client_accuracy = np.zeros(self.settings.num_clients)
+        self.client_accuracy = np.zeros(self.settings.num_clients)  # test accuracy (pers_acc); NaN: new client
+        # further per-client columns, as measured: val_pers_acc, new_acc, pers_acc_ft, new_acc_ft
+        self.client_metrics: dict[str, np.ndarray] = {}
         self.num_train = list(algorithm.num_train)
 
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The evaluation splits of the training clients: test, and val with a validation split."""
+        return ("test", "val") if self.num_val is not None else ("test",)
+
+    def split_sizes(self, split: str) -> np.ndarray:
+        return self.num_test if split == "test" else self.num_val  # type: ignore[return-value]
+
     def sample_clients(self) -> list[int]:
-        k, m = self.settings.num_clients, self.settings.sampled_per_round
-        return sorted(int(c) for c in self.sampling_rng.choice(k, size=m, replace=False))
+        """M = ``sampled_per_round`` of the training clients (never a new client), sorted."""
+        k, m = len(self.training_clients), self.settings.sampled_per_round
+        return sorted(self.training_clients[int(c)] for c in self.sampling_rng.choice(k, size=m, replace=False))
 
     def train_round(self, round_index: int, sampled: list[int]) -> list[ClientUpdate]:
         """Train the sampled clients and aggregate. Under a streaming aggregation
@@ -124,62 +154,135 @@ class Federation:
         return updates
 
     def evaluate(self, round_index: int = 0) -> tuple[dict[str, Any], np.ndarray]:
-        """Metrics over all clients' test splits, and each client's accuracy."""
-        algorithm, num_clients = self.algorithm, self.settings.num_clients
-        everyone = tuple(range(num_clients))
-        adaptation = algorithm.personalization_program()
-        global_correct: np.ndarray | None
-        if algorithm.clients_share_one_model() and adaptation is None:
-            (correct,) = self.executor.evaluate(algorithm.program, [EvalJob(algorithm.global_model(), everyone)])
-            global_correct = correct
-        else:
-            if adaptation is None:  # the body once, each client's head on its samples, if it can
-                personal = [algorithm.personal_model(k) for k in everyone]
-                split = getattr(self.executor, "evaluate_split", None)
-                heads = split(algorithm.program, personal) if split is not None else None
-                jobs = [] if heads is not None else [EvalJob(state, (k,)) for k, state in enumerate(personal)]
-                correct_parts = [heads] if heads is not None else []
-                del personal
-            else:
-                jobs, correct_parts = (
-                    [],
-                    [self.personalized_correct(adaptation, algorithm.personal_model, "personalize", round_index)],
-                )
-            if algorithm.has_global_model:
-                jobs.append(EvalJob(algorithm.global_model(), everyone))
-            results = self.executor.evaluate(algorithm.program, jobs) if jobs else []
-            correct = np.concatenate(correct_parts + results[: len(results) - algorithm.has_global_model])
-            global_correct = results[-1] if algorithm.has_global_model else None
-        metrics: dict[str, Any] = dict(accuracy_metrics(correct, self.num_test))
-        metrics["global_acc"] = None
-        if algorithm.has_global_model and global_correct is not None:
-            # float32 division, as torch's mean over the per-sample hits gave it
-            hits = torch.tensor(float(global_correct.sum()), dtype=torch.float32)
-            metrics["global_acc"] = float(hits / int(self.num_test.sum()))
-        return metrics, correct / self.num_test
+        """Metrics of the training clients (``evaluate_clients``) and each client's test accuracy."""
+        metrics, columns = self.evaluate_clients(round_index)
+        return metrics, columns["pers_acc"]
 
-    def personalized_correct(self, program: Any, model_of: Any, stream: str, round_index: int) -> np.ndarray:
-        """Correct test predictions per client of ``program`` run on ``model_of(k)`` over client
-        k's train split (through the executor, in chunks so memory stays bounded)."""
-        correct = []
-        for start in range(0, self.settings.num_clients, PERSONALIZE_CHUNK):
-            clients = list(range(start, min(start + PERSONALIZE_CHUNK, self.settings.num_clients)))
-            seeds = [derive_seed(self.settings.seed, stream, round_index, k) for k in clients]
-            states = personalize(self.executor, program, [model_of(k) for k in clients], clients, seeds, round_index)
-            results = self.executor.evaluate(program, [EvalJob(s, (k,)) for s, k in zip(states, clients)])
-            correct.extend(results)
-        return np.concatenate(correct)
+    def evaluate_clients(self, round_index: int = 0) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """Metrics over the training clients' test splits (and validation splits: ``val_*``), and
+        per client (NaN for new clients) ``pers_acc`` (and ``val_pers_acc``)."""
+        correct, global_correct = self.count_correct(round_index)
+        clients = self.training_clients
+        metrics: dict[str, Any] = {}
+        columns: dict[str, np.ndarray] = {}
+        for split in self.splits:
+            name = "pers_acc" if split == "test" else "val_pers_acc"
+            sizes = self.split_sizes(split)[clients]
+            metrics.update(accuracy_metrics(correct[split], sizes, name))
+            metrics[name.replace("pers_acc", "global_acc")] = None
+            if self.algorithm.has_global_model and global_correct.get(split) is not None:
+                # float32 division, as torch's mean over the per-sample hits gave it
+                hits = torch.tensor(float(global_correct[split].sum()), dtype=torch.float32)
+                metrics[name.replace("pers_acc", "global_acc")] = float(hits / int(sizes.sum()))
+            columns[name] = np.full(self.settings.num_clients, np.nan)
+            columns[name][clients] = correct[split] / sizes
+        return metrics, columns
+
+    def count_correct(self, round_index: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Per split: correct predictions of each training client's evaluation model (in
+        ``training_clients`` order), and of the global model on each of them (where it has one)."""
+        algorithm, splits = self.algorithm, self.splits
+        clients = tuple(self.training_clients)
+        adaptation = algorithm.personalization_program()
+        if algorithm.clients_share_one_model() and adaptation is None:
+            model = algorithm.global_model()
+            results = self.executor.evaluate(algorithm.program, [EvalJob(model, clients, s) for s in splits])
+            shared = dict(zip(splits, results))
+            return shared, shared
+        correct: dict[str, np.ndarray] = {}
+        jobs: list[EvalJob] = []
+        if adaptation is None:  # the body once, each client's head on its samples, if it can
+            personal = [algorithm.personal_model(k) for k in clients]
+            evaluate_split = getattr(self.executor, "evaluate_split", None)
+            for split in splits:
+                heads = evaluate_split(algorithm.program, personal, clients, split) if evaluate_split else None
+                if heads is not None:
+                    correct[split] = heads
+                else:
+                    jobs.extend(EvalJob(state, (k,), split) for k, state in zip(clients, personal))
+            del personal
+        else:  # personalized once, evaluated on every split
+            correct = self.personalized_correct(adaptation, algorithm.personal_model, "personalize", round_index)
+        global_jobs = (
+            [EvalJob(algorithm.global_model(), clients, s) for s in splits] if algorithm.has_global_model else []
+        )
+        results = self.executor.evaluate(algorithm.program, jobs + global_jobs) if jobs or global_jobs else []
+        for split in splits:
+            if split not in correct:
+                correct[split] = np.concatenate([r for job, r in zip(jobs, results) if job.split == split])
+        global_correct = {job.split: r for job, r in zip(global_jobs, results[len(jobs) :])}
+        return correct, global_correct
+
+    def personalized_correct(
+        self,
+        program: ClientProgram,
+        model_of: Any,
+        stream: str,
+        round_index: int,
+        clients: Sequence[int] | None = None,
+        splits: Sequence[str] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Per split (default: the training clients' evaluation splits), correct predictions of
+        ``program`` run on ``model_of(k)`` over client k's train split, for each of ``clients``
+        (default: the training clients; through the executor, in chunks so memory stays
+        bounded). Each client is personalized once; the result is evaluated on every split."""
+        clients = self.training_clients if clients is None else list(clients)
+        splits = self.splits if splits is None else tuple(splits)
+        correct: dict[str, list[np.ndarray]] = {split: [] for split in splits}
+        for start in range(0, len(clients), PERSONALIZE_CHUNK):
+            chunk = clients[start : start + PERSONALIZE_CHUNK]
+            seeds = [derive_seed(self.settings.seed, stream, round_index, k) for k in chunk]
+            states = personalize(self.executor, program, [model_of(k) for k in chunk], chunk, seeds, round_index)
+            jobs = [EvalJob(state, (k,), split) for split in splits for state, k in zip(states, chunk)]
+            results = self.executor.evaluate(program, jobs)
+            for job, result in zip(jobs, results):
+                correct[job.split].append(result)
+        return {split: np.concatenate(parts) for split, parts in correct.items()}
+
+    def evaluate_new_clients(self, round_index: int) -> tuple[dict[str, float], np.ndarray]:
+        """``new_acc`` and its companions over the new clients, each served by the algorithm's
+        adaptation (``new_client_program`` run on ``new_client_model(k)`` over its train split,
+        or ``new_client_model(k)`` as it is) and tested on its test split; per client (NaN for
+        training clients) the accuracy."""
+        algorithm, clients = self.algorithm, self.new_clients
+        program = algorithm.new_client_program()
+        if program is not None:
+            model_of = algorithm.new_client_model
+            correct = self.personalized_correct(program, model_of, "adapt_new", round_index, clients, ("test",))
+            hits = correct["test"]
+        else:
+            states = [algorithm.new_client_model(k) for k in clients]
+            if varying_names(states) == []:  # one model for all of them (the global one)
+                (hits,) = self.executor.evaluate(algorithm.program, [EvalJob(states[0], tuple(clients))])
+            else:
+                jobs = [EvalJob(state, (k,)) for k, state in zip(clients, states)]
+                hits = np.concatenate(self.executor.evaluate(algorithm.program, jobs))
+        sizes = self.num_test[clients]
+        accuracy = np.full(self.settings.num_clients, np.nan)
+        accuracy[clients] = hits / sizes
+        return accuracy_metrics(hits, sizes, "new_acc"), accuracy
 
     def finetune_metrics(self, round_index: int) -> dict[str, float]:
         """``--finetune-epochs E`` (FedAvg-FT protocol): the global model fine-tuned for E epochs on
-        each client's train split (the run's local optimizer), tested on the client's test split."""
+        each client's train split (the run's local optimizer), tested on the client's test split:
+        ``pers_acc_ft`` over the training clients, ``new_acc_ft`` over the new clients."""
         algorithm = self.algorithm
         program = FineTuneProgram(algorithm.layout.trainable, self.settings.local, self.settings.finetune_epochs)
         global_state: Tensors = algorithm.global_model()
-        correct = self.personalized_correct(program, lambda k: global_state, "finetune", round_index)
-        metrics = accuracy_metrics(correct, self.num_test)
-        self.finetune_accuracy = correct / self.num_test
-        return {"pers_acc_ft": metrics["pers_acc"], "pers_acc_ft_weighted": metrics["pers_acc_weighted"]}
+        metrics: dict[str, float] = {}
+        for name, clients in (("pers_acc_ft", self.training_clients), ("new_acc_ft", self.new_clients)):
+            if not clients:
+                continue
+            tuned = self.personalized_correct(
+                program, lambda k: global_state, "finetune", round_index, clients, ("test",)
+            )
+            hits = tuned["test"]
+            sizes = self.num_test[clients]
+            found = accuracy_metrics(hits, sizes, name)
+            metrics.update({name: found[name], f"{name}_weighted": found[f"{name}_weighted"]})
+            self.client_metrics[name] = np.full(self.settings.num_clients, np.nan)
+            self.client_metrics[name][clients] = hits / sizes
+        return metrics
 
     def run(self) -> np.ndarray:
         """The rounds from ``next_round`` on. Returns the final per-client accuracies; raises
@@ -206,8 +309,14 @@ class Federation:
             record["round_time_s"] = time.perf_counter() - started
             if round_index % settings.eval_every == 0 or round_index == settings.rounds:
                 eval_started = time.perf_counter()
-                metrics, self.client_accuracy = self.evaluate(round_index)
-                record.update(metrics, eval_time_s=time.perf_counter() - eval_started)
+                metrics, columns = self.evaluate_clients(round_index)
+                self.client_accuracy = columns.pop("pers_acc")
+                self.client_metrics.update(columns)
+                record.update(metrics)
+                if self.new_clients:
+                    new_metrics, self.client_metrics["new_acc"] = self.evaluate_new_clients(round_index)
+                    record.update(new_metrics)
+                record["eval_time_s"] = time.perf_counter() - eval_started
             if round_index == settings.rounds and settings.finetune_epochs > 0 and algorithm.has_global_model:
                 finetune_started = time.perf_counter()
                 record.update(

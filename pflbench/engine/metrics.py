@@ -8,7 +8,11 @@ from typing import Any
 import numpy as np
 
 ACCURACY_METRICS = ("pers_acc", "pers_acc_weighted", "pers_acc_std", "pers_acc_worst10", "global_acc")
-FINETUNE_METRICS = ("pers_acc_ft", "pers_acc_ft_weighted")
+FINETUNE_METRICS = ("pers_acc_ft", "pers_acc_ft_weighted", "new_acc_ft", "new_acc_ft_weighted")
+# --val-frac: the same metrics on the training clients' validation splits
+VAL_METRICS = tuple(f"val_{name}" for name in ACCURACY_METRICS)
+# --new-clients: the new clients, each with the model the algorithm serves it (its test split)
+NEW_CLIENT_METRICS = ("new_acc", "new_acc_weighted", "new_acc_std", "new_acc_worst10")
 
 
 def worst_fraction_mean(values: np.ndarray, fraction: float = 0.1) -> float:
@@ -17,19 +21,20 @@ def worst_fraction_mean(values: np.ndarray, fraction: float = 0.1) -> float:
     return float(np.sort(values)[:count].mean())
 
 
-def accuracy_metrics(correct: np.ndarray, totals: np.ndarray) -> dict[str, float]:
-    """Personalized accuracy over clients from per-client correct counts and test sizes.
+def accuracy_metrics(correct: np.ndarray, totals: np.ndarray, name: str = "pers_acc") -> dict[str, float]:
+    """Personalized accuracy over clients from per-client correct counts and split sizes.
 
     pers_acc = mean_k acc_k; pers_acc_weighted = Σ correct / Σ samples; pers_acc_std =
-    population std of acc_k; pers_acc_worst10 = mean of the worst 10% of clients.
+    population std of acc_k; pers_acc_worst10 = mean of the worst 10% of clients. ``name``
+    replaces ``pers_acc`` in the keys (``val_pers_acc``, ``new_acc``).
     """
     correct, totals = np.asarray(correct, dtype=float), np.asarray(totals, dtype=float)
     accuracy = correct / totals
     return {
-        "pers_acc": float(accuracy.mean()),
-        "pers_acc_weighted": float(correct.sum() / totals.sum()),
-        "pers_acc_std": float(accuracy.std()),
-        "pers_acc_worst10": worst_fraction_mean(accuracy),
+        name: float(accuracy.mean()),
+        f"{name}_weighted": float(correct.sum() / totals.sum()),
+        f"{name}_std": float(accuracy.std()),
+        f"{name}_worst10": worst_fraction_mean(accuracy),
     }
 
 
@@ -43,11 +48,14 @@ def last_fraction_mean(values: list[float | None], fraction: float = 0.1) -> flo
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Final values, means of the last 10% of evaluations, and communication totals."""
+    """Final values, means of the last 10% of evaluations, and communication totals. The
+    validation (``--val-frac``) and new-client (``--new-clients``) metrics appear when the run
+    measured them."""
     evaluated = [r for r in records if "pers_acc" in r]
     final = evaluated[-1] if evaluated else {}
     summary: dict[str, Any] = {}
-    for name in ACCURACY_METRICS:
+    measured = [n for n in (*VAL_METRICS, *NEW_CLIENT_METRICS) if any(n in r for r in evaluated)]
+    for name in (*ACCURACY_METRICS, *measured):
         summary[name] = final.get(name)
         summary[f"{name}_last10"] = last_fraction_mean([r.get(name) for r in evaluated])
     for name in FINETUNE_METRICS:  # --finetune-epochs: measured once, after the last round

@@ -6,7 +6,9 @@ The server side (``Algorithm``) has no client data, so an evaluation model that 
 computed like any local update: a ``ClientJob`` whose ``received`` is the model to start from
 (``private`` empty) goes to ``executor.train`` with a *personalization program*, and the program
 uploads the whole resulting model state, which is then evaluated. Nothing of this is communication
-(no bytes are counted) and the client state store is not touched.
+(no bytes are counted) and the client state store is not touched. The standard such program,
+``FineTuneProgram``, lives beside ``ClientProgram`` (``engine.algorithm``): ``Algorithm``'s
+default adaptation of a new client (``new_client_program``) is one.
 """
 
 from __future__ import annotations
@@ -15,37 +17,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pflbench.engine.algorithm import ClientProgram
-from pflbench.engine.types import ClientJob, LocalPhase, NoHyperparameters, ParamLayout, Tensors
+from pflbench.engine.types import ClientJob, Tensors
 
 if TYPE_CHECKING:
-    from pflbench.config.groups import LocalSpec
     from pflbench.engine.executor import Executor
-
-
-class FineTuneProgram(ClientProgram[NoHyperparameters]):
-    """``epochs`` epochs of the standard batch loop (cross-entropy, the run's local optimizer) over
-    ``names`` (default: every trainable parameter), then the whole model state is uploaded.
-
-    It uses only the default ``local_update``, so every executor that runs plain local training
-    can run it."""
-
-    def __init__(
-        self, trainable: tuple[str, ...], local: LocalSpec, epochs: int, names: frozenset[str] | None = None
-    ) -> None:
-        layout = ParamLayout(trainable=tuple(trainable), shared=(), private=())
-        super().__init__(layout, NoHyperparameters(), local)
-        self.epochs = epochs
-        self.names = frozenset(trainable) if names is None else frozenset(names)
-
-    def local_phases(self, client_id: int) -> list[LocalPhase]:
-        return [LocalPhase(self.epochs, self.names)]
-
-    def upload(self, state: Tensors, received: Tensors) -> Tensors:
-        """The tuned model: every tensor the job received (the full evaluation state)."""
-        return {name: state[name].detach().clone() for name in received}
-
-    def private_state(self, state: Tensors, job_private: Tensors) -> Tensors:
-        return {}
 
 
 def personalize(

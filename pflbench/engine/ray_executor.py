@@ -156,7 +156,7 @@ class ClientWorker:
         program, store = self._context(*context)
         device = self.executor.data.device
         return self.executor.evaluate(
-            program, [EvalJob(unpack(state, store, device), client_ids) for state, client_ids in jobs]
+            program, [EvalJob(unpack(state, store, device), client_ids, split) for state, client_ids, split in jobs]
         )
 
 
@@ -308,7 +308,7 @@ class RayExecutor:
 
     def evaluate(self, program: ClientProgram, jobs: Sequence[EvalJob]) -> list[np.ndarray]:
         store, packed = pack([job.state for job in jobs])
-        return self._map("evaluate", program, [(p, tuple(j.client_ids)) for p, j in zip(packed, jobs)], store)
+        return self._map("evaluate", program, [(p, tuple(j.client_ids), j.split) for p, j in zip(packed, jobs)], store)
 
     def after_submit(self, slot: int, chunk: list[tuple]) -> None:
         """Called after each call is submitted to actor ``slot`` (a seam for fault-injection tests)."""

@@ -88,10 +88,12 @@ class ClientUpdate:
 
 @dataclass(frozen=True)
 class EvalJob:
-    """Evaluate the model ``state`` (loaded over the initial model) on ``client_ids``' test splits."""
+    """Evaluate the model ``state`` (loaded over the initial model) on ``client_ids``' ``split``
+    splits: ``test`` (default) or ``val`` (``FederatedData.eval_indices``)."""
 
     state: Tensors
     client_ids: tuple[int, ...]
+    split: str = "test"
 
 
 def tensor_bytes(tensors: Tensors) -> int:

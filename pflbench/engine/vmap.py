@@ -197,7 +197,7 @@ class VmapExecutor(SequentialExecutor):
     def evaluate(self, program: ClientProgram, jobs: Sequence[EvalJob]) -> list[np.ndarray]:
         """With ``evaluate_together`` (on a GPU), single-client jobs (personal models) are
         evaluated together, ``MAX_CLIENTS_AT_ONCE`` models at a time (``vmap`` over the stacked
-        states, each on its own test samples, padded to the longest split); other jobs as the
+        states, each on its own samples of its job's split, padded to the longest); other jobs as the
         sequential executor does."""
         single = [i for i, job in enumerate(jobs) if len(job.client_ids) == 1]
         same_names = all(jobs[i].state.keys() == jobs[single[0]].state.keys() for i in single[1:])
@@ -224,7 +224,7 @@ class VmapExecutor(SequentialExecutor):
             return functional_call(model, {**module_tensors, **state}, (inputs,)).argmax(dim=1)
 
         predict_all = vmap(predict)
-        splits = [self.data.test_indices[job.client_ids[0]] for job in jobs]
+        splits = [self.data.eval_indices(job.split)[job.client_ids[0]] for job in jobs]
         longest = max(len(split) for split in splits)
         correct = torch.zeros(len(jobs), dtype=torch.long, device=self.data.device)
         for start in range(0, longest, batch):

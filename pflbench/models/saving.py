@@ -4,7 +4,12 @@ Run models (``save_run_models`` / ``load_run_models``)::
 
     RUN_DIR/models/global.safetensors       the final global model (whatever state dict is given)
     RUN_DIR/models/clients/<k>.safetensors  client k's private state (clients that have one)
+    RUN_DIR/models/personal/<k>.safetensors client k's evaluation model, where it is its own
     RUN_DIR/models/meta.json                what was saved: format, tensor names, clients, meta
+
+``load_model_state(RUN_DIR, client)`` assembles one complete model state from them: the base
+(``global`` or ``shared``, meta ``personal_base``) updated with the client's own tensors (meta
+``personal``, written by ``runs.export``); ``client=None`` is the global model.
 
 Only tensors are written, never pickled objects: safetensors by default (read with
 ``safetensors.torch.load_file``), or ``fmt="torch"``: ``.pt`` files holding a plain
@@ -51,6 +56,8 @@ Tensors = dict[str, torch.Tensor]
 
 FORMATS = {"safetensors": ".safetensors", "torch": ".pt"}
 META_FILE = "meta.json"
+PERSONAL_DIR = "personal"  # models/personal/<k>: evaluation models that are not the stored state
+MODELS_FORMAT_VERSION = 2  # 2: + inputs, build, personal (what load_model needs)
 PEFT_PREFIX = "base_model.model."
 
 
@@ -158,19 +165,62 @@ def load_run_models(folder: str | Path) -> tuple[Tensors | None, dict[int, Tenso
 
     ``folder`` may be the run folder or its ``models`` folder.
     """
-    folder = Path(folder)
-    models = folder if (folder / META_FILE).is_file() else folder / MODELS_DIR
-    meta_path = models / META_FILE
-    if not meta_path.is_file():
-        raise FileNotFoundError(
-            f"no saved models in {folder} ({MODELS_DIR}/{META_FILE} is missing; "
-            "was the run made with --save-model and did it finish?)"
-        )
-    record = json.loads(meta_path.read_text())
+    models = models_folder(folder)
+    record = read_models_meta(folder)
     files = record["files"]
     global_state = None if files["global"] is None else load_tensors(models / files["global"])
     clients = {int(k): load_tensors(models / path) for k, path in files["clients"].items()}
     return global_state, clients, record.get("meta", {})
+
+
+def models_folder(folder: str | Path) -> Path:
+    """The ``models`` folder of a run folder (or ``folder`` itself if it is one)."""
+    folder = Path(folder)
+    return folder if (folder / META_FILE).is_file() else folder / MODELS_DIR
+
+
+def read_models_meta(folder: str | Path) -> dict[str, Any]:
+    """``models/meta.json`` of a run folder (or of a ``models`` folder)."""
+    path = models_folder(folder) / META_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no saved models in {folder} ({MODELS_DIR}/{META_FILE} is missing; "
+            "was the run made with --save-model and did it finish?)"
+        )
+    return json.loads(path.read_text())
+
+
+def load_model_state(folder: str | Path, client: int | None = None) -> Tensors:
+    """The complete state dict of client ``client``'s evaluation model (``None``: the global
+    model), as ``runs.export.save_models`` wrote it; loads with ``strict=True``.
+
+    Raises ``ValueError`` for a client the run does not have, for ``client=None`` when the
+    algorithm has no global model, and for models saved without the per-client record
+    (``format_version`` < 2)."""
+    models = models_folder(folder)
+    record = read_models_meta(folder)
+    meta = record.get("meta", {})
+    if "personal" not in meta:
+        raise ValueError(
+            f"{models} was saved by an older pflbench without the per-client model record; "
+            "run again with --save-model (pflbench rerun RUN_DIR --save-model)"
+        )
+    if client is None:
+        if record["files"]["global"] is None:
+            raise ValueError(
+                f"algorithm {meta.get('algo')!r} has no global model; pass client=K "
+                f"(0..{len(meta['personal']) - 1}) for a client's personal model"
+            )
+        return load_tensors(models / record["files"]["global"])
+    key = str(client) if isinstance(client, int) and not isinstance(client, bool) else None
+    if key not in meta["personal"]:
+        raise ValueError(f"client={client!r} is not a client of this run; choose from 0..{len(meta['personal']) - 1}")
+    base_file = meta.get("personal_base")
+    state = load_tensors(models / base_file) if base_file else {}
+    own = meta["personal"][key]
+    if own is not None:
+        state.update(load_tensors(models / own))
+    return state
 
 
 # --------------------------------------------------------------------------- peft adapters

@@ -17,7 +17,16 @@ import re
 import pandas as pd
 
 from pflbench.report.names import quantity
-from pflbench.report.table import Style, body_rows, columns_of, metric_title, multi_quantity, notes, rank_text, spans
+from pflbench.report.table import (
+    Style,
+    body_rows,
+    caption_text,
+    columns_of,
+    multi_quantity,
+    notes,
+    rank_text,
+    spans,
+)
 
 FITS = ("resize", "transpose", "none")
 LATEX_SPECIAL = {
@@ -58,6 +67,7 @@ LATEX = Style(
     lambda n, dagger: r"\textsuperscript{" + (DAGGER if dagger else "") + f"n={n}}}",
     "---",
     latex_escape,
+    lambda t: rf"\textit{{{t}}}",
 )
 
 
@@ -92,13 +102,27 @@ def partition_heading(columns: list[tuple[str, str, str]]) -> str:
     return r"$\alpha$" if all(re.fullmatch(r"α=[0-9.eE+-]+", c[1]) for c in columns) else "partition"
 
 
+def stacked(label: str, width: int = 14) -> str:
+    """A header label broken into lines of about ``width`` characters (at spaces), stacked in a
+    one-column tabular, so that a metric's column is as wide as its numbers, not its name."""
+    lines: list[str] = []
+    for word in label.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    if len(lines) < 2:
+        return latex_escape(label)
+    return r"\begin{tabular}[b]{@{}c@{}}" + r" \\ ".join(latex_escape(line) for line in lines) + r"\end{tabular}"
+
+
 def _header_lines(table: pd.DataFrame) -> list[str]:
     columns = columns_of(table)
     levels = [lambda c: (c[0],), lambda c: (c[0], c[1])]
     texts = [lambda key: latex_escape(key[0]), lambda key: partition_tex(key[1])]
     if multi_quantity(table):
         levels.append(lambda c: c)
-        texts.append(lambda key: latex_escape(quantity(key[2]).label))
+        texts.append(lambda key: stacked(quantity(key[2]).label))
     lines = []
     for depth, (level, text) in enumerate(zip(levels, texts)):
         start, parts, rules = 2, [], []
@@ -146,8 +170,11 @@ def to_latex(table: pd.DataFrame, label: str | None = None, fit: str = "resize")
     """A ``table`` float: caption (setup, metric, marks), unique label, booktabs ``tabular``."""
     if fit not in FITS:
         raise ValueError(f"fit must be one of {FITS}")
-    caption = latex_escape(" ".join(notes(table)))
-    short = latex_escape(metric_title(table))
+    given = table.attrs.get("caption")
+    sentence = given if not given or given.rstrip()[-1:] in ".!?:" else given.rstrip() + "."
+    caption = latex_escape(" ".join([sentence, *notes(table)] if given else notes(table)))
+    short = latex_escape(caption_text(table))
+    short = f"{{{short}}}" if "]" in short else short  # a ] would end the optional argument
     body = _transposed(table) if fit == "transpose" else _tabular(table)
     if fit != "none":  # shrink to \linewidth only when wider
         body = [r"\resizebox{\ifdim\width>\linewidth\linewidth\else\width\fi}{!}{%", *body, "}"]

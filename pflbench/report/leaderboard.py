@@ -4,9 +4,12 @@
 dataset, partition, seed, round, metric, value, config_key, status); ``round`` is empty for the
 final values of ``summary.json``. ``config_key`` is the run's settings without the grid axes
 (algo, dataset, partition, seed): runs that differ in anything else are never averaged together —
-they become separate rows labelled by the differing setting. Cells carry mean ± std (or a 95%
-CI) over seeds, ranks, and a paired test against the column's best (``pflbench.report.stats``).
-Renderers live in ``pflbench.report.render``.
+they become separate rows labelled by the differing setting, unless ``select_by`` keeps one
+setting per algorithm and column group (``pflbench.report.select``). Columns are grouped by
+(dataset, partition), one sub-column per metric, plus rounds and MB to a target
+(``pflbench.report.targets``). Cells carry mean ± std (or a 95% CI) over seeds, ranks, and a
+paired test against the column's best (``pflbench.report.marks``). Renderers live in
+``pflbench.report.render``.
 """
 
 from __future__ import annotations
@@ -14,44 +17,25 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from pflbench.config.identity import OMITTED_AT_DEFAULT
 from pflbench.errors import ConfigError
 from pflbench.report import stats
-from pflbench.report.names import display_name, quantity, setup_text
+from pflbench.report.marks import Cell, cells, max_seeds, row_ranks
+from pflbench.report.names import display_name, flat_setting, quantity, setting_text, setup_text, varying_settings
 from pflbench.report.plots import plot_curves
+from pflbench.report.select import Selection, select_settings
+from pflbench.report.targets import QUANTITIES, parse_target, per_round_metrics, shown, target_values
 from pflbench.store.reader import partition_sort_key
 
-EXTRAS = {"comm": ("bytes_up_total", "bytes_down_total"), "time": ("wall_time_s",), "worst10": ("pers_acc_worst10",)}
-__all__ = [
-    "pivot",
-    "cells",
-    "row_ranks",
-]
-
-
-def _flat(key: str) -> dict[str, Any]:
-    setting = json.loads(key)
-    return {**setting["run"], **setting["algo_hparams"]}
-
-
-def _varying(settings: list[dict[str, Any]]) -> list[str]:
-    names = sorted(set().union(*settings))
-    return [n for n in names if len({json.dumps(s.get(n), default=str) for s in settings}) > 1]
-
-
-def _setting(settings: dict[str, Any], name: str) -> Any:
-    """A run's value of ``name``; one its identity omits at the default is that default."""
-    return settings.get(name, OMITTED_AT_DEFAULT.get(name))
-
-
-def _value_text(value: Any) -> str:
-    return "none" if value is None else str(value)
+# Names that sum or rename summary.json keys (``--extra comm,time,worst10`` of old, still valid).
+ALIASES = {"comm": ("bytes_up_total", "bytes_down_total"), "time": ("wall_time_s",), "worst10": ("pers_acc_worst10",)}
+EXTRAS = ALIASES
+ORDERS = ("name", "rank")
+__all__ = ["ALIASES", "Cell", "cells", "max_seeds", "pivot", "row_ranks"]
 
 
 def _conflicts(runs: pd.DataFrame) -> set[str]:
@@ -60,7 +44,7 @@ def _conflicts(runs: pd.DataFrame) -> set[str]:
     for _, cell in runs.groupby(["dataset", "partition"]):
         keys = cell["config_key"].unique()
         if len(keys) > 1:
-            conflicts.update(_varying([_flat(k) for k in keys]))
+            conflicts.update(varying_settings([flat_setting(k) for k in keys]))
     return conflicts
 
 
@@ -75,8 +59,8 @@ def row_labels(frame: pd.DataFrame, renames: Mapping[str, str] | None = None) ->
         name = display_name(str(algo), renames)
         statuses = group["status"] if "status" in group else [None] * len(group)
         for run, key, status in zip(group["run"], group["config_key"], statuses):
-            setting = _flat(key)
-            detail = ", ".join(f"{n}={_value_text(_setting(setting, n))}" for n in sorted(conflicts))
+            setting = flat_setting(key)
+            detail = ", ".join(f"{n}={setting_text(setting, n)}" for n in sorted(conflicts))
             label = f"{name} ({detail})" if detail else name
             labels[run] = f"{label} [{status}]" if isinstance(status, str) else label
     if renames:  # a full row label can be renamed too
@@ -90,8 +74,8 @@ def differing_settings(frame: pd.DataFrame) -> dict[str, list[str]]:
     runs = frame.drop_duplicates("run")
     labelled = set().union(*(_conflicts(group) for _, group in runs.groupby("algo")))
     settings = [json.loads(k)["run"] for k in runs["config_key"].unique()]
-    names = [n for n in _varying(settings) if n not in labelled] if settings else []
-    return {n: sorted({_value_text(_setting(s, n)) for s in settings}) for n in names}
+    names = [n for n in varying_settings(settings) if n not in labelled] if settings else []
+    return {n: sorted({setting_text(s, n) for s in settings}) for n in names}
 
 
 def final_values(
@@ -112,15 +96,31 @@ def final_values(
     runs = runs.drop(columns="config_key")
     parts = []
     for name in quantities:
-        metrics = EXTRAS.get(name, (name,))
+        metrics = ALIASES.get(name, (name,))
         absent = [m for m in metrics if m not in wide.columns]
         if absent:
-            available = ", ".join(sorted(m for m in wide.columns))
-            raise ConfigError(f"metric {absent[0]!r} is not in the runs' summary.json; available: {available}")
+            raise ConfigError(
+                f"metric {absent[0]!r} is not in the runs' summary.json{_hint(absent[0])}; "
+                f"available: {', '.join(available_metrics(wide.columns))}"
+            )
         values = wide[list(metrics)].sum(axis=1, min_count=len(metrics)) * quantity(name).scale
         part = runs.assign(quantity=name, value=values.reindex(runs.index))
         parts.append(part.assign(row=[labels[r] for r in part.index]).reset_index())
     return pd.concat(parts, ignore_index=True)
+
+
+def available_metrics(keys: Iterable[str]) -> list[str]:
+    """The names a table takes: the runs' numeric summary.json keys and the aliases they allow."""
+    keys = set(keys)
+    return sorted(keys) + [alias for alias, parts in ALIASES.items() if set(parts) <= keys]
+
+
+def _hint(metric: str) -> str:
+    if metric.startswith("val_"):
+        return " (validation metrics need runs with a validation split, --val-frac > 0)"
+    if metric.startswith("new_acc"):
+        return " (new-client metrics need runs with --new-clients > 0)"
+    return ""
 
 
 def pivot(
@@ -133,36 +133,54 @@ def pivot(
     level: float = 0.05,
     show_n: bool = False,
     renames: Mapping[str, str] | None = None,
+    target: str | None = None,
+    select_by: str | None = None,
+    allow_test_selection: bool = False,
+    precision: int = 2,
+    order: str = "name",
+    caption: str | None = None,
 ) -> pd.DataFrame:
-    """Rows = algorithms (split by differing settings), columns = (dataset, partition, quantity, stat)
-    with stat ∈ {mean, std, n}: mean over seeds, ``std`` the ± part (sample std, or the half-width
-    of the t-based 95% CI with ``interval="ci95"``), n = seeds with a value. ``attrs`` keep the
-    per-seed values for the paired ``test`` (ttest | wilcoxon | none) at ``level``."""
+    """Rows = algorithms (split by differing settings, or one setting chosen per algorithm and
+    column group with ``select_by``), columns = (dataset, partition, quantity, stat): quantities
+    ``metric``, ``extras`` (any summary.json key or alias) and, with ``target``
+    (``[METRIC=]VALUE`` or ``P%``), rounds and MB to it; stat ∈ {mean, std, n}: mean over seeds,
+    ``std`` the ± part (sample std, or the half-width of the t-based 95% CI with
+    ``interval="ci95"``), n = seeds. ``attrs`` keep the per-seed values for the paired ``test``
+    (ttest | wilcoxon | none) at ``level``, and how to show the table: ``precision`` decimals,
+    row ``order`` (``name``, ``rank``, a metric of the table: by average rank over its columns,
+    or ``algo,algo,...``), ``caption``."""
     if frame.empty:
         raise ConfigError("no finished runs to tabulate")
-    unknown = [e for e in extras if e not in EXTRAS]
-    if unknown:
-        raise ConfigError(f"--extra {unknown[0]!r} is not one of: {', '.join(EXTRAS)}")
     if interval not in stats.INTERVALS or test not in stats.TESTS:
         raise ConfigError(f"interval must be one of {stats.INTERVALS}, test one of {stats.TESTS}")
     if not 0 < level < 1:
         raise ConfigError(f"the significance level must be in (0, 1), got {level}")
-    quantities = list(dict.fromkeys([metric, *extras]))
-    values = final_values(frame, quantities, renames).dropna(subset=["value"])
+    if not 0 <= precision <= 10:
+        raise ConfigError(f"the precision must be 0 to 10 decimals, got {precision}")
+    selection = None
+    if select_by is not None:
+        frame, selection = select_settings(frame, select_by, allow_test_selection)
+        if frame.empty:
+            raise ConfigError(f"--select-by {select_by}: no setting is left to show (every one had a diverged run)")
+    metrics = list(dict.fromkeys([metric, *extras]))
+    values = final_values(frame, metrics, renames).dropna(subset=["value"])
     values = values[values["value"].map(math.isfinite)]
-    per_seed: dict[tuple[str, str, str, str], dict[int, float]] = {}
-    for row in values.itertuples(index=False):
-        per_seed.setdefault((row.row, row.dataset, row.partition, row.quantity), {})[int(row.seed)] = row.value
-    records = {
-        (row, d, a, q, stat): value
-        for (row, d, a, q), by_seed in per_seed.items()
-        for stat, value in (
-            ("mean", stats.mean(list(by_seed.values()))),
-            ("std", stats.spread(list(by_seed.values()), interval)),
-            ("n", len(by_seed)),
-        )
-    }
-    rows = sorted(set(row_labels(frame, renames).values()))
+    labels = row_labels(frame, renames)
+    target_attrs: dict[str, Any] = {}
+    quantities = list(metrics)
+    if target is not None:
+        goal = parse_target(target, metric, per_round_metrics(frame))
+        runs = frame.drop_duplicates("run").set_index("run")[["dataset", "partition", "seed"]]
+        reach, limits = target_values(frame, goal, runs.assign(row=runs.index.map(labels)))
+        values = pd.concat([values, reach], ignore_index=True)
+        quantities += list(QUANTITIES)
+        target_attrs = {
+            "text": goal.describe(),
+            "thresholds": {f"{d} {a}": shown(goal.metric, v) for (d, a), v in sorted(limits.items())},
+            "relative": goal.relative,
+        }
+    records, per_seed, unreached = _cells_over_seeds(values, interval)
+    rows = sorted(set(labels.values()))
     panels = sorted(
         set(zip(frame["dataset"], frame["partition"])), key=lambda panel: (panel[0], partition_sort_key(panel[1]))
     )
@@ -176,6 +194,7 @@ def pivot(
         columns=columns,
         dtype="float64",
     )
+    algos = frame.drop_duplicates("run").set_index("run")["algo"]
     table.attrs.update(
         metric=metric,
         quantities=quantities,
@@ -186,96 +205,97 @@ def pivot(
         show_n=show_n,
         setup=setup_text(frame),
         per_seed={"|".join(map(str, k)): v for k, v in per_seed.items()},
+        unreached=unreached,
+        target=target_attrs,
+        precision=precision,
+        order=order,
+        caption=caption,
+        selection=_selection_attrs(selection, frame, labels, renames),
+        row_algos={label: str(algos[run]) for run, label in labels.items()},
     )
+    return order_rows(table, order, renames)
+
+
+def _cells_over_seeds(values: pd.DataFrame, interval: str) -> tuple[dict, dict, dict]:
+    """From one row per (run, quantity): (row, dataset, partition, quantity, stat) → mean, ± part
+    and n over seeds; the per-seed values; and ``row|dataset|partition|quantity`` → (k, n) where
+    only k of n seeds have a value (NaN in ``values``: a target never reached), whose cell
+    then has no mean."""
+    per_seed: dict[tuple[str, str, str, str], dict[int, float]] = {}
+    seeds_of: dict[tuple[str, str, str, str], set[int]] = {}
+    for row in values.itertuples(index=False):
+        key = (row.row, row.dataset, row.partition, row.quantity)
+        seeds_of.setdefault(key, set()).add(int(row.seed))
+        if math.isfinite(row.value):
+            per_seed.setdefault(key, {})[int(row.seed)] = row.value
+    records: dict[tuple[str, str, str, str, str], float | None] = {}
+    unreached: dict[str, tuple[int, int]] = {}
+    for key, seeds in seeds_of.items():
+        by_seed = per_seed.get(key, {})
+        complete = len(by_seed) == len(seeds)
+        if not complete:
+            unreached["|".join(key)] = (len(by_seed), len(seeds))
+        listed = list(by_seed.values())
+        records[(*key, "mean")] = stats.mean(listed) if complete else None
+        records[(*key, "std")] = stats.spread(listed, interval) if complete else None
+        records[(*key, "n")] = len(seeds)
+    return records, per_seed, unreached
+
+
+def _selection_attrs(
+    selection: Selection | None,
+    frame: pd.DataFrame,
+    labels: Mapping[str, str],
+    renames: Mapping[str, str] | None,
+) -> dict[str, Any]:
+    """What ``select_by`` chose, by table row: [row, dataset, partition, setting text, mean]."""
+    if selection is None:
+        return {}
+    runs = frame.drop_duplicates("run")
+    row_of = {(a, d, p): labels[r] for r, a, d, p in zip(runs["run"], runs["algo"], runs["dataset"], runs["partition"])}
+    return {
+        "metric": selection.metric,
+        "on_test": selection.on_test,
+        "chosen": [
+            [row_of[c.algo, c.dataset, c.partition], c.dataset, c.partition, c.setting, c.value]
+            for c in selection.choices
+            if c.candidates > 1
+        ],
+        "unselectable": [f"{display_name(a, renames)} {d} {p}: {text}" for a, d, p, text in selection.unselectable],
+    }
+
+
+def order_rows(table: pd.DataFrame, order: str, renames: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """Rows by ``name`` (as sorted), by overall ``rank`` of the main metric, by the average rank
+    over one metric's columns, or in the order of a comma-separated list of algorithms (registered
+    or display names, or whole row labels); rows the list does not name follow, by name."""
+    rows = list(table.index)
+    order = order.strip()
+    if order == "name":
+        ordered = rows
+    elif order == "rank" or order in table.attrs["quantities"]:
+        averages = row_ranks(table, metric=None if order == "rank" else order)
+        ordered = sorted(rows, key=lambda r: (averages[r][0] is None, averages[r][0] or 0.0))
+    else:
+        algos = table.attrs.get("row_algos", {})
+        ordered = []
+        for name in (part.strip() for part in order.split(",") if part.strip()):
+            named = [
+                r
+                for r in rows
+                if name in (r, algos.get(r), display_name(algos.get(r, r), renames)) and r not in ordered
+            ]
+            if not named:
+                raise ConfigError(
+                    f"--order {name!r} names no row; give name, rank, a metric of the table "
+                    f"({', '.join(table.attrs['quantities'])}) or algorithms of: {', '.join(rows)}"
+                )
+            ordered += named
+        ordered += [r for r in rows if r not in ordered]
+    attrs = dict(table.attrs)
+    table = table.loc[ordered]
+    table.attrs = attrs
     return table
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One table cell in display units: mean, ± part (std or CI half-width), seeds, rank in its
-    column (1 best, ties share the mean rank), ``best`` (bold), ``tied`` (not significantly worse
-    than the best: True/False, None when not tested), the paired test's p and pairs."""
-
-    mean: float | None
-    std: float | None
-    n: int
-    rank: float | None
-    fewer_seeds: bool
-    best: bool = False
-    tied: bool | None = None
-    p: float | None = None
-    pairs: int = 0
-
-
-def _finite(value: Any) -> float | None:
-    return None if value is None or pd.isna(value) or not math.isfinite(value) else float(value)
-
-
-def _seeds(table: pd.DataFrame, row: str, column: tuple[str, float, str]) -> dict[int, float]:
-    return table.attrs.get("per_seed", {}).get("|".join(map(str, (row, *column))), {})
-
-
-def cells(table: pd.DataFrame, decimals: int = 2) -> dict[tuple[str, tuple[str, float, str]], Cell]:
-    """(row, (dataset, partition, quantity)) → Cell. Ranks use the mean as shown (``decimals``); bold
-    only in columns with at least two values. Each other value is tested against the column's best
-    (highest unrounded mean among the bold ones), paired by seed; it is ``tied`` when it is not
-    worse on the paired seeds or p ≥ level. Cells with fewer seeds than the most are flagged."""
-    columns = list(dict.fromkeys(c[:3] for c in table.columns))
-    most = max_seeds(table)
-    test, level = table.attrs.get("test", "ttest"), table.attrs.get("level", 0.05)
-    result = {}
-    for column in columns:
-        better = quantity(column[2]).higher_is_better
-        means = {row: _finite(table.loc[row, (*column, "mean")]) for row in table.index}
-        shown = {row: round(m, decimals) for row, m in means.items() if m is not None}
-        ranked = list(shown)
-        ranks = dict(zip(ranked, stats.average_ranks([shown[r] for r in ranked], better)))
-        leaders = [r for r in ranked if ranks[r] == min(ranks.values())] if len(shown) >= 2 else []
-        reference = max(leaders, key=lambda r: means[r] if better else -means[r]) if leaders else None
-        for row in table.index:
-            n = _finite(table.loc[row, (*column, "n")])
-            n = int(n) if n is not None else 0
-            tied, p, pairs = None, None, 0
-            if reference is not None and row in shown and row not in leaders:
-                best_seeds, seeds = _seeds(table, reference, column), _seeds(table, row, column)
-                p, pairs = stats.paired_p_value(best_seeds, seeds, test)
-                if p is not None:
-                    common = sorted(set(best_seeds) & set(seeds))
-                    gap = sum(best_seeds[s] - seeds[s] for s in common) * (1 if better else -1)
-                    tied = gap <= 0 or p >= level
-            result[row, column] = Cell(
-                means[row],
-                _finite(table.loc[row, (*column, "std")]),
-                n,
-                ranks.get(row),
-                0 < n < most,
-                row in leaders,
-                tied,
-                p,
-                pairs,
-            )
-    return result
-
-
-def row_ranks(table: pd.DataFrame, decimals: int = 2) -> dict[str, tuple[float | None, float | None]]:
-    """row → (average rank over the main metric's columns, overall rank by that average)."""
-    metric = table.attrs.get("metric")
-    table_cells = cells(table, decimals)
-    averages: dict[str, float | None] = {}
-    for row in table.index:
-        ranks = [
-            c.rank for (r, column), c in table_cells.items() if r == row and column[2] == metric and c.rank is not None
-        ]
-        averages[row] = sum(ranks) / len(ranks) if ranks else None
-    ranked = [r for r in table.index if averages[r] is not None]
-    overall = dict(zip(ranked, stats.average_ranks([round(averages[r], decimals) for r in ranked], False)))
-    return {row: (averages[row], overall.get(row)) for row in table.index}
-
-
-def max_seeds(table: pd.DataFrame) -> int:
-    """The most seeds any cell of the table has."""
-    counts = table.xs("n", axis=1, level="stat").fillna(0)
-    return int(counts.to_numpy().max()) if counts.size else 0
 
 
 def curve_bands(

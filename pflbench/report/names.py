@@ -5,57 +5,118 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
+from pflbench.config.identity import OMITTED_AT_DEFAULT
 from pflbench.errors import ConfigError
 from pflbench.plugin_sources import declared_display_name
 from pflbench.store.reader import partition_sort_key
 
 METRIC_NAMES = {
     "pers_acc": "Personalized accuracy",
-    "pers_acc_last10": "Personalized accuracy, last 10%",
-    "global_acc": "Global accuracy",
-    "pers_acc_worst10": "Worst-10% client accuracy",
+    "pers_acc_weighted": "Personalized accuracy, weighted",
     "pers_acc_std": "Std of client accuracy",
+    "pers_acc_worst10": "Worst-10% client accuracy",
+    "pers_acc_ft": "Personalized accuracy, fine-tuned",
+    "pers_acc_ft_weighted": "Personalized accuracy, fine-tuned, weighted",
+    "global_acc": "Global accuracy",
+    "val_pers_acc": "Validation personalized accuracy",
+    "val_pers_acc_weighted": "Validation personalized accuracy, weighted",
+    "val_pers_acc_std": "Std of validation client accuracy",
+    "val_pers_acc_worst10": "Worst-10% validation client accuracy",
+    "val_global_acc": "Validation global accuracy",
+    "new_acc": "New-client accuracy",
+    "new_acc_weighted": "New-client accuracy, weighted",
+    "new_acc_std": "Std of new-client accuracy",
+    "new_acc_worst10": "Worst-10% new-client accuracy",
+    "new_acc_ft": "New-client accuracy, fine-tuned",
     "worst10": "Worst-10% client accuracy",
     "comm": "Communication",
     "time": "Wall time",
     "wall_time_s": "Wall time",
+    "round_time_s_mean": "Time per round",
+    "peak_mem_mb": "Peak memory",
     "train_loss": "Training loss",
+    "final_train_loss": "Final training loss",
     "bytes_up_total": "Upload",
     "bytes_down_total": "Download",
+    "rounds_to_target": "Rounds to target",
+    "mb_to_target": "MB to target",
 }
+LAST = "_last10"  # summary.json: the mean of the last 10% of evaluations
 
 
 @dataclass(frozen=True)
 class Quantity:
-    """How a table column is shown: label, scale to display units, and which way is better."""
+    """How a table column is shown: label, scale to display units, and which way is better
+    (None: not known, so no best is marked and no rank is given)."""
 
     label: str
     scale: float
-    higher_is_better: bool
+    higher_is_better: bool | None
 
 
 def readable(name: str) -> str:
-    """``pers_acc`` → ``Personalized accuracy``; unknown keys lose their underscores."""
+    """``pers_acc`` → ``Personalized accuracy``, ``x_last10`` → ``<x>, last 10%``; unknown keys
+    lose their underscores."""
     if name in METRIC_NAMES:
         return METRIC_NAMES[name]
+    if name.endswith(LAST) and name.removesuffix(LAST) in METRIC_NAMES:
+        return f"{METRIC_NAMES[name.removesuffix(LAST)]}, last 10%"
     text = name.replace("_", " ").strip()
     return text[:1].upper() + text[1:]
 
 
 def quantity(name: str) -> Quantity:
-    """Accuracies in percent (higher is better, except spreads); bytes in MB, times in s (lower)."""
-    if name == "comm":
+    """Accuracies in percent (higher is better, except their std); bytes and ``comm`` in MB, times
+    in s, memory in MB, losses and the rounds/MB to a target: lower is better. Any other key is
+    shown as it is, with no direction (no bold, no rank)."""
+    base = name.removesuffix(LAST)
+    if base == "comm":
         return Quantity("Communication (MB)", 1 / 2**20, False)
-    if name in ("time", "wall_time_s"):
+    if base in ("time", "wall_time_s"):
         return Quantity("Wall time (s)", 1.0, False)
-    if "acc" in name or name == "worst10":
-        return Quantity(f"{readable(name)} (%)", 100.0, "std" not in name)
-    if "bytes" in name:
+    if "acc" in base or base == "worst10":
+        return Quantity(f"{readable(name)} (%)", 100.0, "std" not in base)
+    if "bytes" in base:
         return Quantity(f"{readable(name)} (MB)", 1 / 2**20, False)
-    return Quantity(readable(name), 1.0, False)
+    if base.endswith("_time_s") or base.endswith("_time_s_mean"):
+        return Quantity(f"{readable(name)} (s)", 1.0, False)
+    if base.endswith("_mb"):
+        return Quantity(f"{readable(name)} (MB)", 1.0, False)
+    if "loss" in base or base in ("rounds_to_target", "mb_to_target"):
+        return Quantity(readable(name), 1.0, False)
+    return Quantity(readable(name), 1.0, None)
+
+
+def metric_role(name: str) -> str:
+    """``validation`` (``val_*``), ``test`` (any other accuracy: measured on the test splits or on
+    new clients) or ``other`` (loss, bytes, time, memory, diagnostics)."""
+    base = name.removesuffix(LAST)
+    if base.startswith("val_"):
+        return "validation"
+    return "test" if "acc" in base or base == "worst10" else "other"
+
+
+def flat_setting(key: str) -> dict[str, Any]:
+    """A run's ``config_key`` (its settings besides the grid axes) as one flat mapping."""
+    setting = json.loads(key)
+    return {**setting["run"], **setting["algo_hparams"]}
+
+
+def varying_settings(settings: list[dict[str, Any]]) -> list[str]:
+    """The names whose values differ between ``settings`` (flat mappings), sorted."""
+    names = sorted(set().union(*settings))
+    return [n for n in names if len({json.dumps(s.get(n), default=str) for s in settings}) > 1]
+
+
+def setting_text(settings: dict[str, Any], name: str) -> str:
+    """A run's value of ``name`` as a row label shows it; one its identity omits at the default
+    is that default; no value is ``none``."""
+    value = settings.get(name, OMITTED_AT_DEFAULT.get(name))
+    return "none" if value is None else str(value)
 
 
 def display_name(algo: str, renames: Mapping[str, str] | None = None) -> str:

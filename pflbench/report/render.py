@@ -1,8 +1,9 @@
 """Render a leaderboard pivot (``leaderboard.pivot``) as Markdown, LaTeX, CSV or HTML.
 
 Cells read ``mean ± std`` (or ``± 95% CI``) over seeds in display units (accuracy in percent,
-2 decimals). Per column the best mean is bold; entries not significantly worse than the best
-(paired test across seeds, ``leaderboard.cells``) are underlined; a cell with fewer seeds than
+``precision`` decimals, 2 by default). Per column the best mean is bold, or, when several tie for
+best at the shown precision, they are in italics and none is bold; entries not significantly worse
+than the best (paired test across ≥ 3 shared seeds, ``marks.cells``) are underlined; a cell with fewer seeds than
 the most in the table carries ``†n=<seeds>`` (every cell shows ``n=`` with ``show_n``); a
 missing value is ``—`` and takes no rank. Two last columns give each row's average rank over the
 metric's columns and its overall rank. All formats carry the same content; names and values
@@ -18,14 +19,14 @@ from collections.abc import Callable
 import pandas as pd
 
 from pflbench.report.latex import to_latex
-from pflbench.report.leaderboard import cells, row_ranks
+from pflbench.report.marks import cells, row_ranks
 from pflbench.report.names import quantity
 from pflbench.report.table import (
     Style,
     body_rows,
+    caption_text,
     columns_of,
     header_text,
-    metric_title,
     multi_quantity,
     notes,
     spans,
@@ -44,6 +45,7 @@ MARKDOWN = Style(
     lambda n, dagger: f" {'†' if dagger else ''}n={n}",
     "—",
     _md_escape,
+    lambda t: f"*{t}*",
 )
 HTML = Style(
     " ± ",
@@ -52,6 +54,7 @@ HTML = Style(
     lambda n, dagger: f"<sup>{'†' if dagger else ''}n={n}</sup>",
     "—",
     html.escape,
+    lambda t: f"<i>{t}</i>",
 )
 
 
@@ -63,7 +66,9 @@ def to_markdown(table: pd.DataFrame) -> str:
     headers = [_md_escape(header_text(c, multi_quantity(table))) for c in columns]
     lines = [line(["Algorithm", *headers, "Avg. rank", "Rank"]), "| :-- |" + " --: |" * (len(columns) + 2)]
     lines += [line([row, *texts]) for row, texts in body_rows(table, MARKDOWN)]
-    return "\n".join(lines) + "\n\n" + "\n\n".join(map(_md_escape, notes(table))) + "\n"
+    caption = table.attrs.get("caption")  # pandoc reads "Table: ..." next to a table as its caption
+    head = f"Table: {_md_escape(caption)}\n\n" if caption else ""
+    return head + "\n".join(lines) + "\n\n" + "\n\n".join(map(_md_escape, notes(table))) + "\n"
 
 
 HTML_STYLE = (
@@ -102,7 +107,7 @@ def to_html(table: pd.DataFrame) -> str:
         for row, texts_ in body_rows(table, HTML)
     ]
     paragraphs = "".join(f'<p class="note">{html.escape(note)}</p>\n' for note in notes(table))
-    caption = html.escape(metric_title(table))
+    caption = html.escape(caption_text(table))
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
@@ -113,9 +118,12 @@ def to_html(table: pd.DataFrame) -> str:
 
 
 def to_csv(table: pd.DataFrame) -> str:
-    """One line per cell: algorithm, dataset, partition, quantity, label, mean, std (± part), n, rank,
-    best, tied (not significantly worse than the best), p, pairs, flags, the row's ranks."""
+    """Tidy, one line per cell: algorithm, dataset, partition, quantity, label, mean, std (± part),
+    n, rank, best, tied_best, tied (not significantly worse than the best), p, pairs, flags,
+    reached (``k/n`` where only k of n seeds reached a target), selected (the setting chosen by
+    ``--select-by``), the row's ranks. Numbers are unrounded (``--precision`` is for display)."""
     table_cells, ranks = cells(table), row_ranks(table)
+    chosen = {(row, d, a): text for row, d, a, text, _ in (table.attrs.get("selection") or {}).get("chosen", [])}
     records = [
         {
             "algorithm": row,
@@ -128,10 +136,13 @@ def to_csv(table: pd.DataFrame) -> str:
             "n": cell.n,
             "rank": cell.rank,
             "best": cell.best,
+            "tied_best": cell.tied_best,
             "tied": cell.tied,
             "p": cell.p,
             "pairs": cell.pairs,
             "fewer_seeds": cell.fewer_seeds,
+            "reached": f"{cell.reached[0]}/{cell.reached[1]}" if cell.reached else None,
+            "selected": chosen.get((row, column[0], column[1])),
             "avg_rank": ranks[row][0],
             "overall_rank": ranks[row][1],
         }

@@ -7,9 +7,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from pflbench.report.leaderboard import Cell, cells, max_seeds, row_ranks
-from pflbench.report.names import quantity, readable
+from pflbench.report.marks import MIN_PAIRS, Cell, cells, max_seeds, precision_of, row_ranks
+from pflbench.report.names import LAST, quantity, readable
+from pflbench.report.targets import QUANTITIES
 
+MISSING = "—"
 TEST_NAMES = {"ttest": "paired two-sided t-test", "wilcoxon": "two-sided Wilcoxon signed-rank test (exact)"}
 
 
@@ -23,15 +25,23 @@ class Style:
     flag: Callable[[int, bool], str]
     missing: str
     escape: Callable[[str], str]
+    italic: Callable[[str], str]
 
 
 def cell_text(cell: Cell, style: Style, decimals: int = 2, show_n: bool = False) -> str:
+    if cell.reached is not None:  # a target only some seeds reached: no mean
+        return f"{style.missing} ({cell.reached[0]}/{cell.reached[1]})"
     if cell.mean is None:
         return style.missing
     text = f"{cell.mean:.{decimals}f}"
     if cell.std is not None:
         text += f"{style.plus_minus}{cell.std:.{decimals}f}"
-    text = style.bold(text) if cell.best else style.underline(text) if cell.tied else text
+    if cell.best:
+        text = style.bold(text)
+    elif cell.tied_best:
+        text = style.italic(text)
+    elif cell.tied:
+        text = style.underline(text)
     return text + (style.flag(cell.n, cell.fewer_seeds) if cell.fewer_seeds or show_n else "")
 
 
@@ -48,40 +58,116 @@ def multi_quantity(table: pd.DataFrame) -> bool:
     return len(table.attrs.get("quantities", [None])) > 1
 
 
+def _kind(metric: str) -> str:
+    return "mean of the last 10% of evaluations" if metric.endswith(LAST) else "final value"
+
+
 def metric_title(table: pd.DataFrame) -> str:
+    """The main metric and how it is taken, marked when settings were selected on test."""
     metric = table.attrs.get("metric", "")
-    kind = "mean of the last 10% of evaluations" if metric.endswith("_last10") else "final value"
-    return f"{quantity(metric).label}, {kind}"
+    title = f"{quantity(metric).label}, {_kind(metric)}"
+    return title + (" (selected on test)" if table.attrs.get("selection", {}).get("on_test") else "")
 
 
-def notes(table: pd.DataFrame) -> list[str]:
-    """The setup, what the numbers are, the seed count, the marks used, settings that differ."""
-    spread = "95% confidence interval (t-based)" if table.attrs.get("interval") == "ci95" else "sample std"
-    shown = ", ".join(quantity(q).label for q in table.attrs.get("quantities", [table.attrs.get("metric", "")]))
-    result = []
-    if table.attrs.get("setup"):
-        result.append(f"Setup: {table.attrs['setup']}.")
-    result.append(
-        f"Metric: {metric_title(table)}. Cells: {shown} as mean ± {spread} over seeds "
-        f"(n={max_seeds(table)} seeds per cell unless marked). Best per column in bold."
+def caption_text(table: pd.DataFrame) -> str:
+    """``--caption`` if given, else the metric title."""
+    return table.attrs.get("caption") or metric_title(table)
+
+
+def _selection_notes(table: pd.DataFrame) -> list[str]:
+    selection = table.attrs.get("selection") or {}
+    if not selection:
+        return []
+    metric = selection["metric"]
+    rule = (
+        f"Settings selected per algorithm and column group by the best mean {quantity(metric).label} "
+        f"over seeds ({_kind(metric)}); the cells show the selected setting's values."
     )
-    table_cells = cells(table).values()
+    if selection["on_test"]:
+        rule = f"Selected on test: {rule} {readable(metric)} is not a validation metric, so the numbers are optimistic."
+    chosen = "; ".join(f"{algo} {d} {a}: {setting}" for algo, d, a, setting, _ in selection["chosen"])
+    result = [rule, f"Selected: {chosen}." if chosen else "Every algorithm had one setting per column group."]
+    if selection["unselectable"]:
+        result.append(f"Never selected (a run diverged): {'; '.join(selection['unselectable'])}.")
+    return result
+
+
+def _target_notes(table: pd.DataFrame, table_cells: list[Cell]) -> list[str]:
+    target = table.attrs.get("target") or {}
+    if not target:
+        return []
+    where = ", ".join(f"{group}: {value}" for group, value in target["thresholds"].items())
+    result = [
+        f"Rounds to target: the first evaluation round at which {target['text']}"
+        f"{f' ({where})' if target['relative'] else ''}; "
+        "MB to target: MB sent up + down by the end of that round; mean over the seeds."
+    ]
+    if any(c.reached is not None for c in table_cells):
+        result.append(
+            f"{MISSING} (k/n): only k of n seeds reached the target within the rounds run (0: never), so no mean is shown."
+        )
+    return result
+
+
+def _significance_notes(table: pd.DataFrame, table_cells: list[Cell]) -> list[str]:
     test = table.attrs.get("test", "ttest")
-    if test in TEST_NAMES:
+    if test not in TEST_NAMES:
+        return []
+    contenders = [  # entries that could carry a mark: ranked below a best, with a mean
+        c for c in table_cells if c.rank is not None and c.rank > 1 and not c.tied_best and c.reached is None
+    ]
+    tested = [c for c in contenders if c.tied is not None]
+    untested = len(contenders) - len(tested)
+    most = max((c.pairs for c in contenders), default=0)
+    if contenders and not tested and most < MIN_PAIRS:
+        return [
+            f"No significance marks: a paired test needs at least {MIN_PAIRS} seeds shared with the column's "
+            f"best, and at most {most} {'is' if most == 1 else 'are'}."
+        ]
+    result = []
+    if tested:
         result.append(
             f"Underlined: not significantly worse than the column's best ({TEST_NAMES[test]} "
             f"over the seeds both share, p ≥ {table.attrs.get('level', 0.05):g})."
         )
-        untested = sum(1 for c in table_cells if c.rank is not None and c.rank > 1 and c.tied is None)
-        if untested:
-            result.append(
-                f"{untested} {'entry is' if untested == 1 else 'entries are'} not tested and carry "
-                "no mark: fewer than 2 seeds pair with the best (a paired test needs n ≥ 2)."
-            )
+    if untested:
+        result.append(
+            f"{untested} {'entry is not tested and carries' if untested == 1 else 'entries are not tested and carry'} no mark: "
+            f"fewer than {MIN_PAIRS} seeds pair with the best."
+        )
+    return result
+
+
+def notes(table: pd.DataFrame) -> list[str]:
+    """The setup, the selection rule, what the numbers are, the seed count, the marks used,
+    the target, settings that differ."""
+    spread = "95% confidence interval (t-based)" if table.attrs.get("interval") == "ci95" else "sample std"
+    quantities = table.attrs.get("quantities", [table.attrs.get("metric", "")])
+    shown = ", ".join(quantity(q).label for q in quantities if q not in QUANTITIES)
+    table_cells = list(cells(table).values())
+    result = []
+    if table.attrs.get("setup"):
+        result.append(f"Setup: {table.attrs['setup']}.")
+    result += _selection_notes(table)
+    result.append(
+        f"Metric: {metric_title(table)}. Cells: {shown} as mean ± {spread} over seeds "
+        f"(n={max_seeds(table)} seeds per cell unless marked). Best per column in bold."
+    )
+    if any(c.tied_best for c in table_cells):
+        decimals = precision_of(table)
+        result.append(
+            f"Italic: tied for best at the {decimals} decimal{'' if decimals == 1 else 's'} shown; "
+            "no entry is bold in such a column."
+        )
+    result += _significance_notes(table, table_cells)
+    result += _target_notes(table, table_cells)
     if any(c.fewer_seeds for c in table_cells):
         result.append("† fewer seeds than the other cells; n = seeds in that cell.")
-    if any(c.mean is None for c in table_cells):
-        result.append("— no value (undefined for the algorithm, or no finished run).")
+    if any(c.mean is None and c.reached is None for c in table_cells):
+        result.append(f"{MISSING} no value (undefined for the algorithm, or no finished run).")
+    unranked = [quantity(q).label for q in quantities if quantity(q).higher_is_better is None]
+    if unranked:
+        result.append(f"Not ranked, no best marked (which way is better is not known): {', '.join(unranked)}.")
     result.append(
         f"Avg. rank: mean rank over the {quantity(table.attrs.get('metric', '')).label} "
         "columns (1 = best, ties share the mean rank); Rank: order by average rank."
@@ -96,11 +182,11 @@ def notes(table: pd.DataFrame) -> list[str]:
 def body_rows(table: pd.DataFrame, style: Style) -> list[tuple[str, list[str]]]:
     """(escaped row label, cell texts + average rank + rank) per table row."""
     table_cells, ranks = cells(table), row_ranks(table)
-    show_n = table.attrs.get("show_n", False)
+    show_n, decimals = table.attrs.get("show_n", False), precision_of(table)
     return [
         (
             style.escape(row),
-            [cell_text(table_cells[row, column], style, show_n=show_n) for column in columns_of(table)]
+            [cell_text(table_cells[row, column], style, decimals, show_n) for column in columns_of(table)]
             + [rank_text(r, style.missing) for r in ranks[row]],
         )
         for row in table.index

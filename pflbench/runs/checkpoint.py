@@ -6,8 +6,8 @@ JSON metadata with a content hash, loaded with ``weights_only=True``, written at
 - the algorithm's state (``Algorithm.checkpoint_state``: global_state, each stored client's
   private tensors, the attributes named in ``checkpoint_attributes``);
 - the loop's state: the next round, the client-sampling stream (``sampling_rng``), the byte
-  totals and the last per-client accuracies (training seeds are derived per (round, client);
-  no optimizer state crosses rounds);
+  totals and the last per-client accuracies (test, validation, new clients; training seeds are
+  derived per (round, client); no optimizer state crosses rounds);
 - the number of rounds.jsonl lines written (the file is cut back to it on resume) and the
   accuracy of the starting backbone (measured once, before round 1);
 - the run's identity hash: a checkpoint of other settings is never resumed.
@@ -45,7 +45,8 @@ def save_checkpoint(
         "sampling_rng": federation.sampling_rng.bit_generator.state,
         "bytes_up_total": federation.bytes_up_total,
         "bytes_down_total": federation.bytes_down_total,
-        "client_accuracy": [float(a) for a in federation.client_accuracy],
+        "client_accuracy": _floats(federation.client_accuracy),
+        "client_metrics": {name: _floats(values) for name, values in federation.client_metrics.items()},
     }
     if not json_safe(meta):
         raise ValueError(
@@ -66,7 +67,17 @@ def restore_checkpoint(federation: Federation, tensors: dict[str, Any], meta: di
     federation.sampling_rng.bit_generator.state = meta["sampling_rng"]
     federation.next_round = meta["next_round"]
     federation.bytes_up_total, federation.bytes_down_total = meta["bytes_up_total"], meta["bytes_down_total"]
-    federation.client_accuracy = np.asarray(meta["client_accuracy"], dtype=float)
+    federation.client_accuracy = _array(meta["client_accuracy"])
+    federation.client_metrics = {name: _array(values) for name, values in meta.get("client_metrics", {}).items()}
+
+
+def _floats(values: np.ndarray) -> list[float | None]:
+    """Per-client values for JSON: NaN (a client a metric does not cover) as null."""
+    return [float(v) if np.isfinite(v) else None for v in values]
+
+
+def _array(values: list[float | None]) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
 
 
 class CheckpointObserver(Observer):

@@ -71,6 +71,52 @@ class _KillAfterRound(Observer):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+def make_federation(prepared: PreparedRun, observers: Sequence[RunObserver] = ()) -> Federation:
+    """The round loop of a prepared run: its algorithm and executor, each client's test (and
+    validation) split sizes, the new clients held out of training."""
+    partition = prepared.partition
+    return Federation(
+        prepared.algorithm,
+        prepared.executor,
+        prepared.data.num_test,
+        prepared.config.federation_spec,
+        observers,
+        num_val=prepared.data.num_val if partition.has_val else None,
+        new_clients=partition.new_clients,
+    )
+
+
+# clients.csv's per-client metric columns after pers_acc, in this order, where measured
+CLIENT_METRIC_COLUMNS = ("val_pers_acc", "pers_acc_ft", "new_acc", "new_acc_ft")
+
+
+def client_rows(
+    prepared: PreparedRun,
+    federation: Federation,
+    client_accuracy: Any,
+    algorithm_columns: dict[str, list[Any]],
+) -> list[dict[str, Any]]:
+    """clients.csv: per client its split sizes, classes, accuracies and the algorithm's columns.
+    With a validation split ``val_samples`` and ``val_pers_acc``; with new clients a
+    ``new_client`` flag (1/0) and ``new_acc`` (their metrics are empty for the other kind)."""
+    stats, partition = prepared.partition.stats, prepared.partition
+    new = set(partition.new_clients)
+    measured = [name for name in CLIENT_METRIC_COLUMNS if name in federation.client_metrics]
+    rows = []
+    for k in range(prepared.config.num_clients):
+        row: dict[str, Any] = {"client": k, "train_samples": stats["train_samples"][k]}
+        if partition.has_val:
+            row["val_samples"] = stats["val_samples"][k]
+        row.update(test_samples=stats["test_samples"][k], classes=stats["classes_per_client"][k])
+        if new:
+            row["new_client"] = int(k in new)
+        row["pers_acc"] = float(client_accuracy[k])
+        row.update({name: float(federation.client_metrics[name][k]) for name in measured})
+        row.update({column: values[k] for column, values in algorithm_columns.items()})
+        rows.append(row)
+    return rows
+
+
 def execute(
     prepared: PreparedRun,
     on_round: Callable[[dict[str, Any]], None] | None = None,
@@ -120,7 +166,7 @@ def _execute_claimed(
     ):
         publish(paths)  # killed between writing summary.json and moving the folder into place
         return done
-    federation = Federation(prepared.algorithm, prepared.executor, prepared.data.num_test, config.federation_spec)
+    federation = make_federation(prepared)
     writer, records, before = start_or_resume(prepared, federation, paths, identity, resume, plugins)
     # trackers write into the work folder (tensorboard/), moved into place with the run
     at_work = SimpleNamespace(config=config, run_dir=paths.work, hparams=prepared.algorithm.hparams)
@@ -171,26 +217,8 @@ def _execute_claimed(
     finally:
         writer.close()
         getattr(prepared.executor, "close", lambda: None)()  # e.g. Ray actors back to the pool
-    stats = prepared.partition.stats
     report, client_columns = prepared.algorithm.final_report()
-    writer.write_clients(
-        [
-            {
-                "client": k,
-                "train_samples": stats["train_samples"][k],
-                "test_samples": stats["test_samples"][k],
-                "classes": stats["classes_per_client"][k],
-                "pers_acc": float(client_accuracy[k]),
-                **(
-                    {"pers_acc_ft": float(federation.finetune_accuracy[k])}
-                    if federation.finetune_accuracy is not None
-                    else {}
-                ),
-                **{column: values[k] for column, values in client_columns.items()},
-            }
-            for k in range(config.num_clients)
-        ]
-    )
+    writer.write_clients(client_rows(prepared, federation, client_accuracy, client_columns))
     summary = {
         "status": "completed",
         **base_summary(),

@@ -170,7 +170,7 @@ def prepare(
     resolved["backbone"] = load_initial_weights(model, weights, backbone, config, split.public)
     resolved.update(algorithm_class.configure_model(model, config, hparams))
     model.to(device)
-    data = FederatedData(dataset, split.train, split.test, device)
+    data = FederatedData(dataset, split.train, split.test, device, split.val)
     algorithm = algorithm_class(config, hparams, model, data.num_train)
     executor = make_executor(config.executor_spec, model, data)
     check = getattr(executor, "check_algorithm", None)

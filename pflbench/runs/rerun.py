@@ -7,11 +7,18 @@ goes to ``OUT/reruns/<run name>-<YYYYmmdd-HHMMSS>/runs/<run name>/`` beside the 
 ``OUT/runs/`` (so ``pflbench leaderboard OUT`` does not count it twice), or under ``--out``.
 ``compare_rounds`` then checks the metrics against the original's ``rounds.jsonl`` (timings
 aside): on the CPU they are identical.
+
+A run folder may come from anyone, so plugin code runs only when asked: from the files given
+(``plugins``, ``--plugin FILE``), or with ``trust_plugins`` (``--trust-plugins``) from the files the
+run recorded (``config.json`` → ``code.plugin_files``): the recorded absolute path when its content
+still has the recorded sha256, else the run folder's copy of the source (``plugins/NAME.py``), so
+a rerun works from any folder and after the original file moved or changed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import time
 import typing
@@ -22,7 +29,7 @@ from pflbench.config.run_config import RunConfig, field_types
 from pflbench.errors import ConfigError
 from pflbench.registry import load_plugin_file
 from pflbench.runs.prepare import prepare
-from pflbench.store.layout import CONFIG_FILE, RUNS_DIR
+from pflbench.store.layout import CONFIG_FILE, PLUGINS_DIR, RUNS_DIR
 from pflbench.store.reader import load_json, read_rounds
 
 # Keys of rounds.jsonl that measure the machine, not the run.
@@ -41,6 +48,15 @@ class RecordedRun:
     algo_options: dict[str, Any]
     plugins: tuple[str, ...]
     identity_hash: str | None
+    code: dict[str, Any] | None = None  # config.json's code block (None: recorded before code records)
+    loaded_plugins: tuple[str, ...] = ()  # the plugin files the rerun loaded (set by prepare_rerun)
+    plugin_notes: tuple[str, ...] = ()  # one line per recorded plugin file: which file was loaded
+
+    @property
+    def plugin_files(self) -> list[dict[str, Any]]:
+        """The recorded ``{"path", "sha256", "copy"}`` of each plugin file ([] before code records)."""
+        files = (self.code or {}).get("plugin_files")
+        return [f for f in files if isinstance(f, dict)] if isinstance(files, list) else []
 
 
 def _tuples(value: Any) -> Any:
@@ -74,7 +90,62 @@ def read_recorded_run(run_dir: str | Path) -> RecordedRun:
     except TypeError as error:
         raise ConfigError(f"{path}: {error}") from None
     options = {k: _tuples(v) for k, v in (record.get("algo_hparams") or {}).items()}
-    return RecordedRun(run_dir, config, options, tuple(record.get("plugins") or ()), record.get("identity_hash"))
+    code = record.get("code") if isinstance(record.get("code"), dict) else None
+    plugins = tuple(record.get("plugins") or ())
+    return RecordedRun(run_dir, config, options, plugins, record.get("identity_hash"), code)
+
+
+def _sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def recorded_plugin_file(recorded: RecordedRun, entry: dict[str, Any]) -> tuple[Path, str]:
+    """(file to load, one line saying which) for a recorded plugin file: its recorded path when
+    that still holds the recorded content (sha256), else the run folder's copy of its source."""
+    path, digest, copy = entry.get("path"), entry.get("sha256"), entry.get("copy")
+    name = Path(str(path)).name
+    if not isinstance(digest, str):
+        raise ConfigError(f"plugin {name}: the run recorded no content hash for it; pass the file with --plugin FILE")
+    original = Path(str(path))
+    if original.is_absolute() and original.is_file() and _sha256(original) == digest:
+        return original, f"plugin {name}: loaded {original} (the file the run used, unchanged)"
+    copy_path = recorded.run_dir / str(copy)
+    copy_parts = Path(str(copy)).parts
+    if len(copy_parts) == 2 and copy_parts[0] == PLUGINS_DIR and copy_parts[1] not in ("..", "."):
+        if copy_path.is_file() and _sha256(copy_path) == digest:
+            why = "changed since the run" if original.is_file() else "not found"
+            return copy_path, f"plugin {name}: {path} is {why}; loaded the run folder's copy {copy_path}"
+    raise ConfigError(
+        f"plugin {name}: neither {path} nor the run folder's copy ({copy}) holds the content the run used "
+        f"(sha256 {digest[:12]}…); pass the plugin file with --plugin FILE"
+    )
+
+
+def _plugins_to_load(recorded: RecordedRun, plugins: tuple[str, ...], trust_plugins: bool) -> tuple[str, ...]:
+    """The plugin files the rerun loads: ``plugins`` as given, or (``trust_plugins``) the recorded
+    ones (``recorded_plugin_file``; ``recorded.plugin_notes`` says which file each is)."""
+    if trust_plugins and plugins:
+        raise ConfigError("give either --plugin FILE or --trust-plugins, not both")
+    if not trust_plugins:
+        if len(plugins) < len(recorded.plugins):
+            used = ", ".join(Path(p).name for p in recorded.plugins)
+            copies = f"; copies in {recorded.run_dir / PLUGINS_DIR}" if recorded.plugin_files else ""
+            raise ConfigError(
+                f"the run used plugin code ({used}{copies}); rerun runs no code named in a run folder unasked: "
+                "read the file(s), then pass --trust-plugins to load them, or each with --plugin FILE"
+            )
+        return plugins
+    if recorded.plugins and not recorded.plugin_files:
+        raise ConfigError(
+            "the run was recorded before pflbench kept its plugin files' hashes and copies; "
+            "pass each plugin file with --plugin FILE"
+        )
+    chosen = [recorded_plugin_file(recorded, entry) for entry in recorded.plugin_files]
+    recorded.plugin_notes = tuple(note for _, note in chosen)
+    return tuple(str(path) for path, _ in chosen)
 
 
 def default_rerun_out(run_dir: Path) -> Path:
@@ -94,22 +165,20 @@ def prepare_rerun(
     out: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
     plugins: tuple[str, ...] = (),
+    trust_plugins: bool = False,
 ) -> tuple[Any, RecordedRun]:
     """Rebuild the run into ``out`` (default ``default_rerun_out``) and check that its folder is
     not the original and is still empty. ``overrides``: RunConfig settings that do not change
     the numbers (``save_model``, ``log``, ``mlflow_uri``, ``device``).
 
-    A run folder may come from anyone, so nothing in it is executed or contacted: plugin code
-    runs only from the files given in ``plugins`` (``--plugin FILE``; one per plugin the run
-    used), and trackers only as ``overrides`` ask (never the recorded ``log``/``mlflow_uri``)."""
+    A run folder may come from anyone, so nothing in it is executed or contacted unasked: plugin
+    code runs only from the files given in ``plugins`` (``--plugin FILE``; one per plugin the run
+    used) or, with ``trust_plugins``, from the files the run recorded (``recorded.loaded_plugins``,
+    ``recorded.plugin_notes``), and trackers only as ``overrides`` ask (never the recorded
+    ``log``/``mlflow_uri``)."""
     recorded = read_recorded_run(run_dir)
-    if len(plugins) < len(recorded.plugins):
-        used = ", ".join(Path(p).name for p in recorded.plugins)
-        raise ConfigError(
-            f"the run used plugin code ({used}); rerun runs no code named in a run folder: "
-            "read the file(s) and pass each with --plugin FILE"
-        )
-    for plugin in plugins:
+    recorded.loaded_plugins = _plugins_to_load(recorded, plugins, trust_plugins)
+    for plugin in recorded.loaded_plugins:
         load_plugin_file(plugin)
     target = Path(out) if out is not None else default_rerun_out(recorded.run_dir)
     untracked = {"log": (), "mlflow_uri": None}  # the recorded tracker address is never used unasked

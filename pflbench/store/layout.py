@@ -2,9 +2,10 @@
 temporary work folder, a claim per run, one move at the end).
 
 ``OUT/runs/NAME/`` holds ``CONFIG_FILE``, ``PARTITION_FILE``, ``ROUNDS_FILE``, ``CLIENTS_FILE``,
-``SUMMARY_FILE`` (a finished run), or ``ERROR_FILE`` (a failed one), and ``MODELS_DIR`` with
-``--save-model``; ``CHECKPOINT_FILE`` lives only in the work folder. Every module names these
-files through the constants below; ``store.reader`` reads them, ``store.writer`` writes them.
+``SUMMARY_FILE`` (a finished run), or ``ERROR_FILE`` (a failed one), ``PLUGINS_DIR`` (a copy of
+each ``--plugin`` file's source), and ``MODELS_DIR`` with ``--save-model``; ``CHECKPOINT_FILE``
+lives only in the work folder. Every module names these files through the constants below;
+``store.reader`` reads them, ``store.writer`` writes them.
 
 A run named NAME is built in ``OUT/runs/.tmp-NAME/`` (config.json, partition.json, rounds.jsonl,
 the checkpoint) and moved to ``OUT/runs/NAME/`` with ``os.replace`` only when clients.csv and
@@ -30,7 +31,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ SUMMARY_FILE = "summary.json"  # written last: a folder with it is a whole run
 ERROR_FILE = "error.json"  # a failed run (a sweep's record of why)
 CHECKPOINT_FILE = "checkpoint.pt"  # in the work folder only, removed when the run completes
 MODELS_DIR = "models"  # --save-model: the final weights
+PLUGINS_DIR = "plugins"  # a copy of the source of each --plugin file the run was given
 WORK_PREFIX = ".tmp-"  # OUT/runs/.tmp-NAME: the run being written
 OLD_PREFIX = ".old-"  # OUT/runs/.old-NAME-<pid>: a finished result being replaced
 
@@ -269,14 +271,17 @@ class Claim:
         self.release()
 
 
-def guard_run(paths: RunPaths, force: bool, check_claim: bool = True) -> None:
-    """Refuse (ConfigError) a run whose folder holds a finished result (unless ``force``) or
-    that another live process is running. Call before any expensive work."""
+def guard_run(
+    paths: RunPaths, force: bool, check_claim: bool = True, replaces: Callable[[Path], bool] | None = None
+) -> None:
+    """Refuse (ConfigError) a run whose folder holds a finished result (unless ``force``, or
+    ``replaces(folder)`` says that result is to be replaced: a sweep's stale run) or that another
+    live process is running. Call before any expensive work."""
     recover(paths)
     if paths.final.exists() and not paths.final.is_dir():
         raise OutputError(paths.final, "it is a file, not a folder")
     summary = paths.finished()
-    if summary is not None and not force:
+    if summary is not None and not force and not (replaces is not None and replaces(paths.final)):
         status = summary.get("status", "completed") if isinstance(summary, dict) else "completed"
         raise RunFinished(
             f"{paths.final} already holds a finished run (status {status}); "

@@ -46,6 +46,7 @@ RUN_IDENTITY_EXCLUDED = {
     "resolved",
     "versions",
     "git_commit",
+    "code",
     "started",
     "finished",
     "started_at",

@@ -16,8 +16,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pflbench.store.layout import CLIENTS_FILE, CONFIG_FILE, PARTITION_FILE, ROUNDS_FILE, SUMMARY_FILE
-from pflbench.util.atomic import atomic_write_json
+from pflbench.store.layout import (
+    CLIENTS_FILE,
+    CONFIG_FILE,
+    PARTITION_FILE,
+    PLUGINS_DIR,
+    ROUNDS_FILE,
+    SUMMARY_FILE,
+)
+from pflbench.util.atomic import atomic_write_bytes, atomic_write_json
 
 
 def _clean(value: Any) -> Any:
@@ -72,6 +79,12 @@ class RunWriter:
 
     def write_config(self, config: dict[str, Any]) -> None:
         write_json(self.run_dir / CONFIG_FILE, without_local_paths(config) if self.portable else config)
+
+    def write_plugin_copies(self, sources: dict[str, bytes]) -> None:
+        """``PLUGINS_DIR/NAME``: the source of each ``--plugin`` file the run was given (a rerun
+        uses it when the original file moved or changed; portable: it names no local path)."""
+        for name, source in sources.items():
+            atomic_write_bytes(self.run_dir / PLUGINS_DIR / name, source)
 
     def write_partition(self, partition: dict[str, Any]) -> None:
         write_json(self.run_dir / PARTITION_FILE, partition)

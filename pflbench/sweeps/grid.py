@@ -57,6 +57,8 @@ class SweepRun:
     status: str = "pending"
     error: str | None = None
     worker: str | None = None  # where a Ray sweep ran it: "hostname (node 1a2b3c4d)"
+    code: str | None = None  # the code identity it would record now (``config.provenance``), once asked
+    redo: str | None = None  # a finished run run again: "stale" (its code changed) or "forced" (--force)
 
     @property
     def run_dir(self) -> Path:
@@ -83,6 +85,7 @@ class SweepRun:
             "set": self.overrides,
             "status": self.status,
             "error": self.error,
+            **({"redo": self.redo} if self.redo else {}),
             **({"worker": self.worker} if self.worker else {}),
         }
 

@@ -1,8 +1,10 @@
 """A sweep's runs, one by one in this process (or handed to ``sweeps.parallel`` for ``--jobs N``).
 
 The grid is expanded and checked in ``sweeps.grid``; ``run_sweep`` executes the runs (each through
-``sweeps.one.run_one``) and keeps the sweep record (``sweeps.record``) up to date. A run whose folder already holds ``summary.json`` is
-skipped and an unfinished one resumes from its checkpoint, so rerunning a sweep resumes it; a
+``sweeps.one.run_one``) and keeps the sweep record (``sweeps.record``) up to date. A run whose
+folder already holds ``summary.json`` is skipped unless its code changed since (stale, see
+``sweeps.one``; ``force``: every run is redone), and an unfinished one resumes from its
+checkpoint, so rerunning a sweep resumes it; a
 run claimed by another live process (a concurrent sweep) is skipped and reported; a run that
 diverges keeps its partial results (status ``diverged``); a run that raises gets an
 ``error.json`` in its folder and the sweep goes on. Every algorithm sees the same partition and
@@ -23,7 +25,7 @@ from pflbench.sweeps.grid import (
     Grid,
     SweepRun,
 )
-from pflbench.sweeps.one import outcome_of, run_one
+from pflbench.sweeps.one import mark_redo, outcome_of, run_one
 from pflbench.sweeps.parallel import run_parallel
 from pflbench.sweeps.record import SweepRecord
 
@@ -36,8 +38,10 @@ def run_sweep(
     plugins: tuple[str, ...] = (),
     report: Callable[[int, SweepRun, dict[str, Any] | None], None] | None = None,
     jobs: int = 1,
+    force: bool = False,
 ) -> None:
     """Run (or skip) each run, keeping the sweep record ``record`` up to date (``SweepRecord``).
+    A finished run is skipped unless it is stale or ``force`` (``sweeps.one.mark_redo``).
 
     ``jobs`` > 1 runs that many at once in worker processes (``sweeps.parallel``), each with
     ``max(1, threads // jobs)`` threads; ``report`` then comes in completion order. A
@@ -45,6 +49,7 @@ def run_sweep(
     so the next sweep redoes them), writes the record and propagates.
     """
     record.parent.mkdir(parents=True, exist_ok=True)
+    mark_redo(runs, force)
     sweep_record = SweepRecord(record, grid, base, runs)
     sweep_record.update(force=True)
 
@@ -55,7 +60,7 @@ def run_sweep(
 
     todo = []
     for index, run in enumerate(runs):
-        if (run.run_dir / SUMMARY_FILE).is_file():
+        if (run.run_dir / SUMMARY_FILE).is_file() and run.redo is None:
             run.status = "skipped"
             finished(index, run, None)
         elif jobs > 1:

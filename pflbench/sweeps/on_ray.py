@@ -1,11 +1,13 @@
 """``pflbench sweep --ray``: whole runs as Ray tasks, results written by the driver.
 
 The driver expands the grid and skips finished runs exactly as a local sweep does
-(``sweep.run_sweep``); every unfinished run becomes one Ray task declaring ``--cpus-per-run``
+(``sweeps.local.run_sweep``: a stale run, or every run with ``force``, is run again, see
+``sweeps.one``); every run to do becomes one Ray task declaring ``--cpus-per-run``
 CPUs and ``--gpus-per-run`` GPUs, so Ray runs as many at once as the cluster holds.
 
 A task runs the run into a temporary folder on its worker (workers need not share the driver's
-filesystem: plugin files travel as their source) and returns the run folder's files as bytes;
+filesystem: plugin files travel as their source, and the run records them under the driver's
+absolute paths with the content the driver loaded) and returns the run folder's files as bytes;
 the driver publishes them as a local run does (``store.layout``): it claims each run
 (``OUT/runs/NAME.claim``) before submitting its task and holds the claim (touched while it waits)
 until the result is in place, writes the files into the work folder ``OUT/runs/.tmp-NAME``
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import sys
 import tempfile
 import traceback
@@ -36,7 +39,7 @@ from typing import Any
 from pflbench.config.run_config import RunConfig
 from pflbench.engine.ray_executor import release_pool
 from pflbench.errors import ConfigError
-from pflbench.registry import load_plugin_file
+from pflbench.registry import load_plugin_file, loaded_plugin_file
 from pflbench.runs.execute import execute
 from pflbench.runs.prepare import prepare
 from pflbench.store.layout import (
@@ -52,14 +55,15 @@ from pflbench.store.layout import (
     publish,
     writing,
 )
-from pflbench.store.writer import write_json
+from pflbench.store.writer import without_local_paths, write_json
+from pflbench.sweeps.one import mark_redo, replaces_result
 from pflbench.sweeps.parallel import dispatch_order
 from pflbench.sweeps.record import SweepRecord
 from pflbench.util.ray_cluster import connect
 
 TASK_RETRIES = 3  # re-executions of a run whose worker died
 CLAIM_TOUCH_S = 60.0  # the driver touches the claims it holds at least this often
-_LOADED_PLUGINS: dict[str, str] = {}  # source sha256 -> path loaded in this worker process
+_LOADED_PLUGINS: dict[tuple[str, str], str] = {}  # (source sha256, driver path) -> path loaded in this worker
 
 
 def check_resources(base: RunConfig, cpus_per_run: float, gpus_per_run: float) -> None:
@@ -74,19 +78,33 @@ def check_resources(base: RunConfig, cpus_per_run: float, gpus_per_run: float) -
         raise ConfigError(f"--device {base.device} in a Ray sweep needs --gpus-per-run (e.g. 1 or 0.5)")
 
 
-def _load_plugins(plugin_sources: list[tuple[str, bytes]]) -> None:
-    """Write each shipped plugin file under this worker's temp folder and load it (once)."""
+def plugin_sources(plugins: tuple[str, ...]) -> list[tuple[str, bytes]]:
+    """(absolute path on the driver, source) of each plugin file: the content the driver loaded
+    (``registry.loaded_plugin_file``), so every task runs and records the same code."""
+    sources = []
+    for path in plugins:
+        loaded = loaded_plugin_file(path)
+        if loaded is not None:
+            sources.append((loaded.recorded_as, loaded.source))
+        else:
+            sources.append((os.path.abspath(path), Path(path).read_bytes()))
+    return sources
 
-    for name, source in plugin_sources:
+
+def _load_plugins(plugin_sources: list[tuple[str, bytes]]) -> None:
+    """Write each shipped plugin file under this worker's temp folder and load it (once),
+    recorded under its path on the driver."""
+
+    for driver_path, source in plugin_sources:
         digest = hashlib.sha256(source).hexdigest()
-        if digest in _LOADED_PLUGINS:
+        if (digest, driver_path) in _LOADED_PLUGINS:
             continue
         folder = Path(tempfile.gettempdir()) / "pflbench-plugins" / digest[:16]
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / name
+        path = folder / Path(driver_path).name
         path.write_bytes(source)
-        load_plugin_file(path)
-        _LOADED_PLUGINS[digest] = str(path)
+        load_plugin_file(path, recorded_as=driver_path)
+        _LOADED_PLUGINS[digest, driver_path] = str(path)
 
 
 def run_task(
@@ -162,29 +180,30 @@ def accept(run: Any, result: dict[str, Any]) -> dict[str, Any] | None:
             return result["summary"]
         error = result["error"]
         run.status, run.error = "failed", f"{error['error_type']}: {error['message']}"
-        write_json(
-            work / ERROR_FILE,
-            {**error, "config": {**dataclasses.asdict(run.config), "algo_options": run.algo_options}},
-        )
+        failure = {**error, "config": {**dataclasses.asdict(run.config), "algo_options": run.algo_options}}
+        write_json(work / ERROR_FILE, without_local_paths(failure) if run.config.portable else failure)
         publish(paths)
     return None
 
 
 def claim_runs(runs: list[Any], report: Callable[[int, Any, dict[str, Any] | None], None] | None) -> dict[int, Claim]:
-    """This driver's claims on the unfinished runs, by grid index (as ``execute`` claims a local
-    run): a finished run is ``skipped``, one that another live process holds is ``claimed``."""
+    """This driver's claims on the runs to do, by grid index (as ``execute`` claims a local
+    run): a finished run that is not to be redone (``run.redo``, ``sweeps.one.mark_redo``) is
+    ``skipped``, one that another live process holds is ``claimed``."""
     claims: dict[int, Claim] = {}
     try:
         for index, run in enumerate(runs):
             paths = RunPaths(run.run_dir)
             claim = Claim(paths)
+            replaces = replaces_result(run) if run.redo else None
             try:
-                if (paths.final / SUMMARY_FILE).is_file():  # as a local sweep skips it
+                if (paths.final / SUMMARY_FILE).is_file() and run.redo is None:  # as a local sweep skips it
                     raise RunFinished(f"{paths.final} is finished")
-                guard_run(paths, force=False)
+                guard_run(paths, force=False, replaces=replaces)
                 claim.acquire()
                 claims[index] = claim
-                guard_run(paths, force=False, check_claim=False)  # finished by another process meanwhile?
+                # finished (with today's code) by another process meanwhile?
+                guard_run(paths, force=False, check_claim=False, replaces=replaces)
                 continue
             except RunFinished:
                 claims.pop(index, claim).release()
@@ -215,8 +234,9 @@ def run_sweep_on_ray(
     cpus_per_run: float = 1,
     gpus_per_run: float = 0,
     disconnect: bool = False,
+    force: bool = False,
 ) -> None:
-    """``sweep.run_sweep`` with every unfinished run as a Ray task (see the module docstring);
+    """``sweeps.local.run_sweep`` with every run to do as a Ray task (see the module docstring);
     ``disconnect``: leave Ray at the end (the CLI; a library caller may keep its instance)."""
 
     check_resources(base, cpus_per_run, gpus_per_run)
@@ -225,7 +245,9 @@ def run_sweep_on_ray(
 
     release_pool()  # idle client actors of earlier --executor ray runs would hold CPUs
 
-    sources = [(Path(p).name, Path(p).read_bytes()) for p in plugins]
+    sources = plugin_sources(plugins)
+    plugins = tuple(path for path, _ in sources)  # absolute: what every run records
+    mark_redo(runs, force)
     task = ray.remote(run_task).options(
         num_cpus=cpus_per_run, num_gpus=gpus_per_run, max_retries=TASK_RETRIES, retry_exceptions=False
     )

@@ -1,4 +1,5 @@
-"""The sweep record (``OUT/sweeps/<hash>.json``): every run of a grid with its status, rewritten as runs finish."""
+"""The sweep record (``OUT/sweeps/<hash>.json``): every run of a grid with its status, rewritten as
+runs finish (with ``--portable``, like a run's files, without local absolute paths)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pflbench.config.run_config import (
     RunConfig,
 )
 from pflbench.store.layout import ERROR_FILE
-from pflbench.store.writer import write_json
+from pflbench.store.writer import without_local_paths, write_json
 from pflbench.sweeps.grid import (
     GRID_FIELDS,
     Grid,
@@ -54,15 +55,13 @@ class SweepRecord:
             return
         shared = {k: v for k, v in dataclasses.asdict(self.base).items() if k not in GRID_FIELDS}
         runs = self.runs
-        write_json(
-            self.path,
-            {
-                "grid": self.grid.to_json(),
-                "shared": shared,
-                "counts": count_statuses(runs),
-                "runs": [r.to_json() for r in runs],
-            },
-        )
+        record = {
+            "grid": self.grid.to_json(),
+            "shared": shared,
+            "counts": count_statuses(runs),
+            "runs": [r.to_json() for r in runs],
+        }
+        write_json(self.path, without_local_paths(record) if self.base.portable else record)
         self.written_at, self.writes = time.monotonic(), self.writes + 1
 
 
@@ -76,12 +75,10 @@ def count_statuses(runs: list[SweepRun]) -> dict[str, int]:
 def write_error(run: SweepRun, error: BaseException) -> None:
     """``error.json`` in the run folder: type, message, traceback and the run's settings."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(
-        run.run_dir / ERROR_FILE,
-        {
-            "error_type": type(error).__name__,
-            "message": str(error),
-            "traceback": "".join(traceback.format_exception(error)),
-            "config": {**dataclasses.asdict(run.config), "algo_options": run.algo_options},
-        },
-    )
+    failure = {
+        "error_type": type(error).__name__,
+        "message": str(error),
+        "traceback": "".join(traceback.format_exception(error)),
+        "config": {**dataclasses.asdict(run.config), "algo_options": run.algo_options},
+    }
+    write_json(run.run_dir / ERROR_FILE, without_local_paths(failure) if run.config.portable else failure)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 from types import ModuleType
 from typing import Any
@@ -47,6 +48,7 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> ModuleTy
         return ray
     options: dict[str, Any] = {"include_dashboard": False, "logging_level": "warning", "log_to_driver": False}
     if address:
+        check_reachable(address)
         try:
             ray.init(address=address, **options)
         except (ConnectionError, RuntimeError, ValueError) as error:
@@ -66,6 +68,26 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> ModuleTy
         finally:
             notice.setLevel(level)
     return ray
+
+
+CONNECT_TIMEOUT_S = 10.0  # ray.init waits minutes for a HOST:PORT where no cluster listens
+
+
+def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """ConfigError unless ``address`` is ``auto`` (or ``ray://…``, Ray Client) or a HOST:PORT
+    that accepts a TCP connection within ``timeout`` seconds: fail fast instead of hanging."""
+    if address == "auto" or "://" in address:
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--ray-address {address!r} is not auto or HOST:PORT (e.g. 10.0.0.1:6379)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as error:
+        raise ConfigError(
+            f"--ray-address {address}: nothing answers there within {timeout:g} s "
+            f"({error.strerror or error}); is a Ray head running (`ray start --head`)?"
+        ) from None
 
 
 def cluster_cpus(ray: ModuleType) -> int:

@@ -1,8 +1,9 @@
 """Independent, named random streams derived from one seed.
 
-Partitioning, client sampling, model init, local training, the public hold-out (and its
-pretraining), per-client LoRA ranks and test-time personalization / fine-tuning each draw from
-their own stream, so (for example) every algorithm sees the same client sequence for the same seed.
+Partitioning, the validation split, the choice of new (held-out) clients, client sampling, model
+init, local training, the public hold-out (and its pretraining), per-client LoRA ranks, test-time
+personalization / fine-tuning and the new clients' adaptation each draw from their own stream,
+so (for example) every algorithm sees the same client sequence for the same seed.
 """
 
 from __future__ import annotations
@@ -11,7 +12,21 @@ import zlib
 
 import numpy as np
 
-STREAMS = ("partition", "split", "sampling", "init", "train", "dropout", "public", "ranks", "personalize", "finetune")
+STREAMS = (
+    "partition",
+    "split",
+    "val",
+    "new_clients",
+    "sampling",
+    "init",
+    "train",
+    "dropout",
+    "public",
+    "ranks",
+    "personalize",
+    "finetune",
+    "adapt_new",
+)
 
 
 def derive_seed(seed: int, stream: str, *keys: int) -> int:

@@ -19,12 +19,14 @@ OVERRIDES = {"fedbn": {"model": "cnn_bn"}, "scaffold": {"optimizer": "sgd", "lr"
 @pytest.mark.parametrize("algo", ALGORITHMS.names())
 def test_every_algorithm_runs_two_rounds(algo: str, tmp_path) -> None:
     # LoRA algorithms (FlexLoRA, FedSDG) adapt the mlp's hidden layers on its random frozen body;
-    # the two LoRA settings change nothing for the others. Adam: FedSDG always uses it.
+    # the two LoRA settings change nothing for the others. Adam: FedSDG always uses it. One of the
+    # 4 clients is new (--new-clients): never trained, served by the algorithm's adaptation.
     settings = {"model": "mlp", "optimizer": "adam", "lr": 0.01, **OVERRIDES.get(algo, {})}
     config = RunConfig(
         algo=algo,
         dataset="digits",
-        num_clients=3,
+        num_clients=4,
+        new_clients=0.25,
         rounds=2,
         alpha=0.5,
         out=str(tmp_path),
@@ -41,6 +43,10 @@ def test_every_algorithm_runs_two_rounds(algo: str, tmp_path) -> None:
     assert [r["round"] for r in records] == [1, 2]
     assert 0.0 <= summary["pers_acc"] <= 1.0 and math.isfinite(summary["final_train_loss"])
     assert summary["pers_acc"] > 0.15, "two rounds on digits should beat chance (0.1)"
+    (new,) = json.loads((folder / "partition.json").read_text())["new_clients"]
+    assert all(new not in r["clients"] for r in records) and all(len(r["clients"]) == 3 for r in records)
+    assert 0.0 <= summary["new_acc"] <= 1.0 and 0.0 <= summary["val_pers_acc"] <= 1.0
+    assert records[-1]["new_acc"] == summary["new_acc"] and "new_acc" in records[0]  # every evaluation
     server_class = ALGORITHMS.get(algo)
     if server_class.has_global_model:
         assert summary["global_acc"] is not None

@@ -210,3 +210,31 @@ def test_config_file_plugin_registers_its_algorithm_and_reruns(tmp_path: Path) -
     assert recorded["algo_hparams"] == {"damp": 0.9} and recorded["plugins"] == [str(plugin)]
     code, output = invoke("rerun", str(folder), "--quiet", "--check", "--plugin", str(plugin))
     assert code == 0 and "metrics identical" in output, output
+
+
+def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:
+    pytest.importorskip("yaml")
+    levels = ['a: &a ["x","x","x","x","x","x","x","x","x"]']
+    for i in range(1, 9):  # 9 aliases per level, 9 levels: 9⁹ ≈ 387 million values once expanded
+        levels.append(f"{chr(97 + i)}: &{chr(97 + i)} [" + ",".join([f"*{chr(96 + i)}"] * 9) + "]")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(levels) + "\n")
+    assert len(bomb.read_bytes()) < 500
+    result = CliRunner().invoke(cli, ["run", "--config", str(bomb), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "expands to more than 100,000 values" in result.output
+    assert result.output.count("\n") == 1 and not (tmp_path / "o").exists()
+
+
+def test_deep_nesting_is_one_error_line(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.toml"
+    deep.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    result = CliRunner().invoke(cli, ["run", "--config", str(deep)])
+    assert result.exit_code == 2 and result.output.count("\n") == 1 and result.output.startswith("Error: ")
+
+
+def test_a_typo_gets_did_you_mean_and_no_internal_keys(tmp_path: Path) -> None:
+    typo = tmp_path / "typo.toml"
+    typo.write_text("local_epoch = 3\n")
+    result = CliRunner().invoke(cli, ["run", "--config", str(typo)])
+    assert result.exit_code == 2 and "unknown key 'local_epoch' (did you mean 'local_epochs'?)" in result.output
+    assert "_click" not in result.output and result.output.count("\n") == 1

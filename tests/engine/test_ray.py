@@ -378,3 +378,16 @@ def test_local_instance_starts_without_a_warning_line_and_with_ray_s_auth_defaul
         timeout=120,
     )
     assert "mode disabled False" in disabled.stdout, disabled.stderr[-2000:]
+
+
+@needs_ray
+@pytest.mark.parametrize("algo", ["fedper", "fedbabu", "pfedme"])
+def test_ray_gives_the_sequential_numbers_with_validation_and_new_clients(algo: str, local_ray, tmp_path: Path) -> None:
+    """Validation splits and new clients' adaptation (a fresh head, a personalization program, a
+    custom new-client program) travel to the actors like everything else."""
+    settings = {**TINY, "optimizer": "sgd", "lr": 0.05, "val_frac": 0.2, "new_clients": 0.25}
+    execute(prepare(RunConfig(algo=algo, out=str(tmp_path / "seq"), **settings)))
+    execute(prepare(RunConfig(algo=algo, out=str(tmp_path / "ray"), executor="ray", ray_workers=2, **settings)))
+    on_ray = comparable(run_folder(tmp_path / "ray"))
+    assert on_ray == comparable(run_folder(tmp_path / "seq"))
+    assert "new_acc" in on_ray["rounds"][-1] and "val_pers_acc" in on_ray["rounds"][-1]

@@ -169,11 +169,13 @@ def test_markdown_marks_best_ranks_and_fewer_seeds(frame: pd.DataFrame) -> None:
 
 
 def test_missing_values_are_dashes_and_not_ranked(frame: pd.DataFrame) -> None:
-    lines = to_markdown(pivot(frame, "global_acc")).splitlines()
-    # FedAvg vs FedProx at α=0.1 pairs seeds 0, 1: d = (5, 4), t = 9, df = 1, p = 0.070 ≥ 0.05
-    assert lines[2] == "| FedAvg | <ins>72.00 ± 2.00</ins> | **60.00 ± 0.00** | 1.5 | 1.5 |"
+    text = to_markdown(pivot(frame, "global_acc"))
+    lines = text.splitlines()
+    # FedAvg vs FedProx at α=0.1 pairs only seeds 0, 1 (t = 9, df = 1, p = 0.070): too few to test, no mark
+    assert lines[2] == "| FedAvg | 72.00 ± 2.00 | **60.00 ± 0.00** | 1.5 | 1.5 |"
     assert lines[3] == "| FedPer | — | — | — | — |"
     assert lines[4] == "| FedProx | **75.50 ± 0.71** †n=2 | 51.00 ± 1.00 | 1.5 | 1.5 |"
+    assert "1 entry is not tested and carries no mark: fewer than 3 seeds pair with the best." in text
 
 
 def test_lower_is_better_for_communication(frame: pd.DataFrame) -> None:
@@ -310,7 +312,8 @@ def test_cli_writes_every_format_and_plots(results: Path, frame: pd.DataFrame, t
     [
         (["--format", "all"], "give --output FOLDER"),
         (["--metric", "nope"], "metric 'nope' is not in the runs' summary.json"),
-        (["--extra", "speed"], "--extra 'speed' is not one of: comm, time, worst10"),
+        (["--extra", "speed"], "metric 'speed' is not in the runs' summary.json; available: bytes_down_total"),
+        (["--metrics", "pers_acc,speed"], "available: bytes_down_total, bytes_up_total, global_acc, pers_acc,"),
     ],
 )
 def test_cli_bad_input_is_one_error_line(results: Path, args: list[str], message: str) -> None:

@@ -26,6 +26,7 @@ from pflbench.store.layout import CHECKPOINT_FILE
 TIMING = {
     "round_time_s",
     "eval_time_s",
+    "finetune_time_s",
     "peak_mem_mb",
     "server_svd_time_s",
     "wall_time_s",
@@ -311,3 +312,22 @@ def test_a_resumed_work_folder_that_lost_its_records_is_made_whole(tmp_path: Pat
         == json.loads((whole / CONFIG_FILE).read_text())["identity"]
     )
     assert load_runs(tmp_path / "killed")["run"].nunique() == 1
+
+
+@pytest.mark.parametrize("algo", ["fedper", "fedavg"])
+def test_validation_and_new_clients_survive_a_kill_and_resume(algo: str, tmp_path: Path) -> None:
+    """A run with a validation split and a new client (FedPer: a fresh head trained at every
+    evaluation; FedAvg with --finetune-epochs: new_acc_ft) resumes to the same files."""
+    import dataclasses
+
+    def config(out: Path) -> RunConfig:
+        extra = {"finetune_epochs": 1} if algo == "fedavg" else {}
+        return dataclasses.replace(tiny(algo, out), val_frac=0.2, new_clients=0.34, **extra)
+
+    status = killed_in_fork(config(tmp_path / "killed"), 3)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    run_experiment(config(tmp_path / "killed"), resume=True)
+    run_experiment(config(tmp_path / "whole"))
+    resumed = contents(tmp_path / "killed")
+    assert resumed == contents(tmp_path / "whole")
+    assert "new_acc" in resumed[1] and "val_pers_acc" in resumed[1] and "new_client" in resumed[2]

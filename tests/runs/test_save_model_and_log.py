@@ -189,8 +189,8 @@ def test_log_mlflow_logs_params_and_rounds(tmp_path: Path) -> None:
 
 
 def test_bad_tracker_fails_before_any_work(tmp_path: Path) -> None:
-    code, output = invoke("run", *TINY, "--log", "wandb", "--out", str(tmp_path))
-    assert code == 2 and "--log 'wandb' is not a tracker" in output
+    code, output = invoke("run", *TINY, "--log", "tensorbord", "--out", str(tmp_path))
+    assert code == 2 and "--log 'tensorbord' is not a tracker; choose from mlflow, tensorboard, wandb" in output
     assert not (tmp_path / "runs").exists()
 
 

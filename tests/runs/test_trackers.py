@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import socket
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,7 +12,7 @@ import pytest
 
 from pflbench.config.run_config import RunConfig
 from pflbench.errors import ConfigError
-from pflbench.runs.trackers import flatten, make_trackers, numeric_items
+from pflbench.runs.trackers import check_trackers, flatten, make_trackers, numeric_items
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,13 +81,26 @@ def test_numeric_items_and_flatten():
 
 def test_make_trackers_errors(tmp_path, monkeypatch):
     run = _run(tmp_path)
-    with pytest.raises(ConfigError, match="choose from tensorboard, mlflow"):
-        make_trackers(["wandb"], run)
+    with pytest.raises(
+        ConfigError, match=r"--log 'nosuch' is not a tracker; choose from mlflow, tensorboard, wandb \("
+    ):
+        make_trackers(["nosuch"], run)
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
-    with pytest.raises(ConfigError, match=r'pip install "pflbench\[mlflow\]"'):
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in ("mlflow", "wandb") else real(name, *a)
+    )
+    with pytest.raises(ConfigError, match=r"--log mlflow needs the mlflow package: pip install 'pflbench\[mlflow\]'"):
         make_trackers(["mlflow"], run)
+    with pytest.raises(ConfigError, match=r"--log wandb needs the wandb package: pip install 'pflbench\[wandb\]'"):
+        make_trackers(["tensorboard,wandb"], run)
+    assert not (run.run_dir / "tensorboard").exists()  # checked before any tracker is made
     assert make_trackers([], run) == []
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    monkeypatch.setenv("WANDB_MODE", "sometimes")
+    with pytest.raises(
+        ConfigError, match="WANDB_MODE='sometimes' is not a W&B mode for --log wandb; choose from offline"
+    ):
+        check_trackers(["wandb"])
 
 
 def test_tensorboard_tracker_reads_back(tmp_path):
@@ -98,7 +112,8 @@ def test_tensorboard_tracker_reads_back(tmp_path):
     (tracker,) = make_trackers(["tensorboard"], run)
     _drive(tracker, run)
     log_dir = run.run_dir / "tensorboard"
-    assert list(log_dir.glob("events.out.tfevents.*"))
+    (event_file,) = log_dir.glob("events.out.tfevents.*")
+    assert event_file.name.endswith(".pflbench") and socket.gethostname() not in event_file.name
     events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     scalars = set(events.Tags()["scalars"])
@@ -173,3 +188,25 @@ def test_mlflow_bad_uri_is_a_config_error(tmp_path):
     pytest.importorskip("mlflow")
     with pytest.raises(ConfigError, match="--mlflow-uri"):
         make_trackers(["mlflow"], _run(tmp_path), mlflow_uri="nosuchscheme://x")
+
+
+def test_portable_trackers_name_no_local_folder(tmp_path):
+    """--portable: the event file, its config text and the MLflow store name no local path."""
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("mlflow")
+    run = _run(tmp_path)
+    run.config = dataclasses.replace(run.config, portable=True)
+    trackers = make_trackers(["tensorboard", "mlflow"], run)
+    for tracker in trackers:
+        _drive(tracker, run)
+    (event_file,) = (run.run_dir / "tensorboard").glob("events.out.tfevents.*")
+    for path in (event_file, tmp_path / "results" / "mlflow.db"):
+        data = path.read_bytes()
+        assert str(tmp_path).encode() not in data and b"<local>/results" in data, path
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=trackers[1].tracking_uri)
+    experiment = client.get_experiment_by_name("pflbench")
+    assert experiment.artifact_location == "mlflow-artifacts:/pflbench"
+    (found,) = client.search_runs([experiment.experiment_id])
+    assert found.data.tags["pflbench.run_dir"] == "<local>/fedprox-digits-abc"

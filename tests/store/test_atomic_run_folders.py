@@ -294,3 +294,18 @@ def test_a_ray_driver_killed_while_writing_a_result_leaves_no_run_folder(
     assert on_ray.accept(run, result) == {"status": "completed"}
     assert {p.name: p.read_bytes() for p in run.run_dir.iterdir()} == files
     assert [p.name for p in run.run_dir.parent.iterdir()] == ["r1"]  # no work folder left
+
+
+def test_guard_replaces_a_finished_result_only_when_asked(tmp_path: Path) -> None:
+    """A sweep's stale run: ``replaces(folder)`` decides, after an interrupted publish is recovered."""
+    paths = RunPaths(tmp_path / "runs" / "r")
+    paths.final.mkdir(parents=True)
+    (paths.final / "summary.json").write_text('{"status": "completed"}')
+    asked: list[Path] = []
+    with pytest.raises(RunFinished):
+        guard_run(paths, force=False, replaces=lambda folder: asked.append(folder) or False)
+    guard_run(paths, force=False, replaces=lambda folder: asked.append(folder) or True)
+    assert asked == [paths.final, paths.final]
+    os.replace(paths.final, paths.final.with_name(".old-r-1"))  # killed between publish's two moves
+    guard_run(paths, force=False, replaces=lambda folder: (folder / "summary.json").is_file())
+    assert (paths.final / "summary.json").is_file()

@@ -1,0 +1,190 @@
+"""``pflbench tune``: hyperparameter search on validation metrics (``sweeps.tune``), then the
+chosen setting over ``--seeds``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from pflbench.cli.options import RunCommand
+from pflbench.cli.sweep import sweep_command, sweep_plan
+from pflbench.config.run_config import RunConfig
+
+TUNE_CONTROLS = ("space", "objective", "trials", "sampler", "pruner", "sampler_seed", "allow_test_selection")
+
+
+def _tune_callback(
+    space: tuple[str, ...],
+    objective: str,
+    trials: int,
+    sampler: str,
+    pruner: str,
+    sampler_seed: int,
+    allow_test_selection: bool,
+    jobs: int,
+    quiet: bool,
+    dry_run: bool,
+    plugin: tuple[str, ...],
+    ray: bool,
+    cpus_per_run: float,
+    gpus_per_run: float,
+    **values: Any,
+) -> int:
+    from pathlib import Path
+
+    from pflbench.store.layout import RUNS_DIR, check_writable
+    from pflbench.sweeps.grid import Grid, check_grid
+    from pflbench.sweeps.local import run_sweep
+    from pflbench.sweeps.record import sweep_record_path
+    from pflbench.sweeps.tune import (
+        TuneSettings,
+        final_runs,
+        finish_study,
+        parse_space,
+        plan_studies,
+        require_optuna,
+        run_study,
+        space_text,
+    )
+
+    settings = TuneSettings(objective, trials, sampler, pruner, sampler_seed, allow_test_selection)
+    base, grid = sweep_plan(
+        values.pop("algos"),
+        values.pop("datasets"),
+        values.pop("alphas"),
+        values.pop("seeds"),
+        values.pop("sets"),
+        **values,
+    )
+    plans = plan_studies(base, grid, parse_space(space), settings)
+    echo = (lambda line: None) if quiet else click.echo
+    if dry_run:
+        for plan in plans:
+            dims = " ".join(f"{k}={v}" for k, v in space_text(plan.space).items())
+            click.echo(
+                f"{plan.describe()}: {dims}; {trials} trials on seed {plan.cell.config.seed} → {plan.path('.json')}"
+            )
+        click.echo(f"tune: {len(plans)} studies (dry run, nothing was run)")
+        return 0
+    require_optuna()
+    on_ray = ray or (base.ray_address is not None and base.executor != "ray")
+    if on_ray:
+        from pflbench.sweeps.on_ray import check_resources
+        from pflbench.util.ray_cluster import require_ray
+
+        check_resources(base, cpus_per_run, gpus_per_run)
+        require_ray()
+    check_writable(base.out)
+    check_writable(Path(base.out) / RUNS_DIR)
+    check_grid([plan.cell for plan in plans])  # bad options refuse before any trial runs
+    if settings.selected_on == "test":
+        click.echo(
+            f"warning: tuning on the test metric {objective} (--allow-test-selection): the chosen "
+            "setting's test metrics are not an unbiased estimate",
+            err=True,
+        )
+    ray_settings = {"cpus": cpus_per_run, "gpus": gpus_per_run} if on_ray else None
+    finals = []
+    for index, plan in enumerate(plans):
+        echo(
+            f"[study {index + 1}/{len(plans)}] {plan.describe()}: {trials} trials of "
+            + " ".join(f"{k}={v}" for k, v in space_text(plan.space).items())
+            + f", objective {objective}"
+        )
+        record = run_study(plan, plugin, jobs, echo, ray_settings)
+        finals.append((plan, final_runs(plan, record)))
+    runs = [run for _, plan_runs in finals for run in plan_runs]
+    seeds_grid = Grid(grid.algos, grid.datasets, grid.alphas, grid.seeds, grid.axes)
+    echo(f"tune: the chosen settings over seeds {','.join(map(str, grid.seeds))}: {len(runs)} runs")
+    if on_ray:
+        from pflbench.sweeps.on_ray import run_sweep_on_ray
+
+        record_path = sweep_record_path(base.out, seeds_grid, base)
+        run_sweep_on_ray(runs, record_path, seeds_grid, base, plugin, None, cpus_per_run, gpus_per_run, disconnect=True)
+    else:
+        run_sweep(runs, sweep_record_path(base.out, seeds_grid, base), seeds_grid, base, plugin, None, jobs=jobs)
+    failed = 0
+    for plan, plan_runs in finals:
+        record = finish_study(plan, plan_runs)
+        best, final = record["best"], record["final"]
+        chosen = " ".join(f"{k}={_short(v)}" for k, v in best["params"].items())
+        shown = []
+        for metric in ("pers_acc", "global_acc"):
+            stats = final["metrics"].get(metric)
+            if stats:
+                shown.append(f"{metric} {stats['mean']:.4f} ± {stats['std']:.4f} (n={stats['n']})")
+        failed += sum(1 for s in final["seeds"] if s.get("status") != "completed")
+        click.echo(
+            f"{plan.describe()}: chose {chosen} ({objective} {best['value']:.4f}, selected on "
+            f"{record['selected_on']}); test " + ", ".join(shown) + f"; record: {plan.path('.json')}"
+        )
+    return 1 if failed else 0
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+_SHARED = [p for p in sweep_command.params if p.name not in ("seeds",)]
+
+tune_command = RunCommand(
+    "tune",
+    callback=_tune_callback,
+    help="Tune hyperparameters on a validation metric, then run the chosen setting over --seeds.\n\n"
+    "One study per cell of the grid (algorithms × datasets × α × --set values). Its trials are "
+    "ordinary runs on the first seed of --seeds, proposed by Optuna (TPE or grid) from --space "
+    "(default: each algorithm's own space, e.g. lr around its default and FedProx's μ grid) and "
+    "pruned on the per-round objective (median pruner). The study is kept in "
+    "OUT/tune/<study>.journal, so rerunning the command continues it; OUT/tune/<study>.json "
+    "records every trial, the selection and the chosen setting's test metrics per seed. "
+    "pip install 'pflbench[tune]'.\n\n"
+    "\b\nExample:\n  pflbench tune --algos fedavg,fedprox --alphas 0.1 --trials 8 --seeds 0,1,2\n"
+    "  pflbench tune --algos fedprox --space lr=log:0.005:0.5 --space mu=0.001,0.01,0.1,1 --sampler grid",
+    params=[
+        *_SHARED[:5],
+        click.Option(
+            ["--seeds"],
+            default=str(RunConfig.seed),
+            show_default=True,
+            help="Seeds, comma-separated: the trials run on the first, the chosen setting on all.",
+        ),
+        click.Option(
+            ["--space"],
+            multiple=True,
+            metavar="NAME=SPEC",
+            help="A tuned setting (run option or hyperparameter): V1,V2,... (choices), LOW:HIGH "
+            "(uniform) or log:LOW:HIGH (log-uniform); integer settings take whole numbers. "
+            "Repeatable; replaces the algorithms' default spaces.",
+        ),
+        click.Option(
+            ["--objective"],
+            default="val_pers_acc",
+            show_default=True,
+            help="Metric to maximise: val_pers_acc, val_pers_acc_weighted, val_pers_acc_worst10, "
+            "val_global_acc (final value; add _last10 for the mean of the last 10% of evaluations).",
+        ),
+        click.Option(["--trials"], type=int, default=16, show_default=True, help="Trials per study."),
+        click.Option(
+            ["--sampler"],
+            type=click.Choice(["tpe", "grid"]),
+            default="tpe",
+            show_default=True,
+            help="tpe: random trials first, then Optuna's TPE; grid: every combination of the listed values.",
+        ),
+        click.Option(
+            ["--pruner"],
+            type=click.Choice(["median", "none"]),
+            default="median",
+            show_default=True,
+            help="median: stop a trial whose objective falls below the median of earlier trials at the same round.",
+        ),
+        click.Option(["--sampler-seed"], type=int, default=0, show_default=True, help="Seed of the sampler."),
+        click.Option(
+            ["--allow-test-selection"],
+            is_flag=True,
+            help="Allow a test metric as --objective (the record says 'selected on test').",
+        ),
+        *_SHARED[5:],
+    ],
+)
