@@ -29,6 +29,7 @@ def _tune_callback(
     ray: bool,
     cpus_per_run: float,
     gpus_per_run: float,
+    force: bool,
     **values: Any,
 ) -> int:
     from pathlib import Path
@@ -58,6 +59,8 @@ def _tune_callback(
         **values,
     )
     plans = plan_studies(base, grid, parse_space(space), settings)
+    for plan in plans:
+        plan.force = force
     echo = (lambda line: None) if quiet else click.echo
     if dry_run:
         for plan in plans:
@@ -94,16 +97,21 @@ def _tune_callback(
         )
         record = run_study(plan, plugin, jobs, echo, ray_settings)
         finals.append((plan, final_runs(plan, record)))
-    runs = [run for _, plan_runs in finals for run in plan_runs]
+    # under --force a trial this command just ran is not run once more as its seed's final run
+    runs = [run for plan, plan_runs in finals for run in plan_runs if not (force and run.name in plan.ran)]
     seeds_grid = Grid(grid.algos, grid.datasets, grid.alphas, grid.seeds, grid.axes)
     echo(f"tune: the chosen settings over seeds {','.join(map(str, grid.seeds))}: {len(runs)} runs")
     if on_ray:
         from pflbench.sweeps.on_ray import run_sweep_on_ray
 
         record_path = sweep_record_path(base.out, seeds_grid, base)
-        run_sweep_on_ray(runs, record_path, seeds_grid, base, plugin, None, cpus_per_run, gpus_per_run, disconnect=True)
+        run_sweep_on_ray(
+            runs, record_path, seeds_grid, base, plugin, None, cpus_per_run, gpus_per_run, disconnect=True, force=force
+        )
     else:
-        run_sweep(runs, sweep_record_path(base.out, seeds_grid, base), seeds_grid, base, plugin, None, jobs=jobs)
+        run_sweep(
+            runs, sweep_record_path(base.out, seeds_grid, base), seeds_grid, base, plugin, None, jobs=jobs, force=force
+        )
     failed = 0
     for plan, plan_runs in finals:
         record = finish_study(plan, plan_runs)

@@ -257,7 +257,7 @@ def _selection_attrs(
         "metric": selection.metric,
         "on_test": selection.on_test,
         "chosen": [
-            [row_of[c.algo, c.dataset, c.partition], c.dataset, c.partition, c.setting, c.value]
+            [row_of[c.algo, c.dataset, c.partition], c.dataset, c.partition, c.setting, c.value, list(c.seeds)]
             for c in selection.choices
             if c.candidates > 1
         ],

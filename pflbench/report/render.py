@@ -123,7 +123,7 @@ def to_csv(table: pd.DataFrame) -> str:
     reached (``k/n`` where only k of n seeds reached a target), selected (the setting chosen by
     ``--select-by``), the row's ranks. Numbers are unrounded (``--precision`` is for display)."""
     table_cells, ranks = cells(table), row_ranks(table)
-    chosen = {(row, d, a): text for row, d, a, text, _ in (table.attrs.get("selection") or {}).get("chosen", [])}
+    chosen = {(row, d, a): text for row, d, a, text, *_ in (table.attrs.get("selection") or {}).get("chosen", [])}
     records = [
         {
             "algorithm": row,

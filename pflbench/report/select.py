@@ -3,8 +3,8 @@
 A *setting* is what the leaderboard keys runs on besides the grid axes (``config_key``: the run's
 identity without algorithm, dataset, partition and seed; hyperparameters included). Where one
 algorithm's runs in a column group (dataset, partition) have several settings — a sweep over
-``--set lr=0.01,0.1`` — the setting with the best mean over seeds of METRIC (a validation metric,
-``val_*``) is kept and the others are dropped, so the table shows that setting's test metrics on
+``--set lr=0.01,0.1`` — the setting with the best mean of METRIC (a validation metric, ``val_*``)
+over the seeds every candidate setting has (all of its seeds when they share none) is kept and the others are dropped, so the table shows that setting's test metrics on
 one row per algorithm. Ties go to the first setting in the settings' sorted order. A setting
 with a run whose status is not normal (diverged) is never chosen. Every run must have METRIC:
 one without it (e.g. run with ``--val-frac 0``) is an error naming it. Selecting on anything
@@ -35,6 +35,15 @@ class Choice:
     setting: str
     value: float
     candidates: int
+    seeds: tuple[int, ...] = ()  # the seeds the means are over (shared by every candidate); () = each its own
+
+
+def shared_seeds(group: pd.DataFrame, candidates: list[str]) -> list[int]:
+    """The seeds every candidate setting has run: the settings are compared on these only, so a
+    setting run on more seeds (``pflbench tune``'s choice, run on every seed after trials on the
+    first) competes on the same data as the trials, not on a different mean."""
+    seeds = [set(group.loc[group["config_key"] == k, "seed"]) for k in candidates]
+    return sorted(set.intersection(*seeds)) if seeds else []
 
 
 @dataclass(frozen=True)
@@ -97,11 +106,13 @@ def select_settings(frame: pd.DataFrame, metric: str, allow_test: bool = False) 
             unselectable.append((algo, dataset, partition, text))
         if not candidates:
             continue
-        means = {k: float(group.loc[group["config_key"] == k, "value"].mean()) for k in candidates}
+        shared = shared_seeds(group, candidates)
+        on = group[group["seed"].isin(shared)] if shared else group
+        means = {k: float(on.loc[on["config_key"] == k, "value"].mean()) for k in candidates}
         best = max(candidates, key=lambda k: (means[k] if better else -means[k], -candidates.index(k)))
         keep.add((algo, dataset, partition, best))
         text = _values_text(keys, best) if len(keys) > 1 else ""
-        choices.append(Choice(algo, dataset, partition, text, means[best], len(keys)))
+        choices.append(Choice(algo, dataset, partition, text, means[best], len(keys), tuple(shared)))
     chosen = [
         run
         for run, row in runs.iterrows()

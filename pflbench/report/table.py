@@ -81,11 +81,16 @@ def _selection_notes(table: pd.DataFrame) -> list[str]:
     metric = selection["metric"]
     rule = (
         f"Settings selected per algorithm and column group by the best mean {quantity(metric).label} "
-        f"over seeds ({_kind(metric)}); the cells show the selected setting's values."
+        f"over the seeds all its settings share ({_kind(metric)}); the cells show the selected setting's values "
+        "over all of its seeds."
     )
     if selection["on_test"]:
         rule = f"Selected on test: {rule} {readable(metric)} is not a validation metric, so the numbers are optimistic."
-    chosen = "; ".join(f"{algo} {d} {a}: {setting}" for algo, d, a, setting, _ in selection["chosen"])
+    chosen = "; ".join(
+        f"{algo} {d} {a}: {setting}"
+        + (f" (on seed{'s' * (len(seeds) > 1)} {','.join(map(str, seeds))})" if seeds else "")
+        for algo, d, a, setting, _, seeds in selection["chosen"]
+    )
     result = [rule, f"Selected: {chosen}." if chosen else "Every algorithm had one setting per column group."]
     if selection["unselectable"]:
         result.append(f"Never selected (a run diverged): {'; '.join(selection['unselectable'])}.")

@@ -94,11 +94,13 @@ def evaluation_models(prepared: Any) -> Iterator[tuple[int, dict[str, torch.Tens
     stream ``personalize``, round = the last one). A new client (``--new-clients``, held out of
     training): the model behind its ``new_acc``, ``new_client_program`` run from
     ``new_client_model(k)`` (stream ``adapt_new``), or that model as it is."""
-    config, algorithm = prepared.config, prepared.algorithm
+    algorithm = prepared.algorithm
     new = set(getattr(prepared.partition, "new_clients", None) or ())
     clients = list(range(prepared.data.num_clients))
     training = [k for k in clients if k not in new]
-    yield from _adapted(prepared, algorithm.personalization_program(), algorithm.personal_model, training, "personalize")
+    yield from _adapted(
+        prepared, algorithm.personalization_program(), algorithm.personal_model, training, "personalize"
+    )
     if new:
         program = algorithm.new_client_program()
         yield from _adapted(prepared, program, algorithm.new_client_model, sorted(new), "adapt_new")

@@ -79,6 +79,8 @@ def _tuples(value: Any) -> Any:
 def build_saved_model(meta: dict[str, Any]) -> nn.Module:
     """The run's model with its initial structure (weights to be loaded), from meta ``build``."""
     config = config_from_record(meta["build"]["config"])
+    if config.model is None:
+        raise ConfigError("models/meta.json names no model (build.config.model is null)")
     algorithm_class = ALGORITHMS.get(config.algo)
     options = {k: _tuples(v) for k, v in (meta["build"].get("algo_hparams") or {}).items()}
     hparams = hyperparameters_from(algorithm_class.hyperparameters, options, config.algo)

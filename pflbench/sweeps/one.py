@@ -12,10 +12,12 @@ stays in place until the new run completes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pflbench.config.provenance import current_code_identity, recorded_code_identity
+from pflbench.engine.observers import RunObserver
 from pflbench.runs.execute import RunDiverged, execute
 from pflbench.runs.prepare import prepare
 from pflbench.store.layout import (
@@ -74,16 +76,16 @@ def replaces_result(run: SweepRun) -> Any:
     return lambda folder: run.redo == "forced" or finished_state(run, folder) == "stale"
 
 
-def run_one(run: SweepRun, plugins: tuple[str, ...]) -> dict[str, Any]:
+def run_one(run: SweepRun, plugins: tuple[str, ...], observers: Sequence[RunObserver] = ()) -> dict[str, Any]:
     """Run (or resume from its checkpoint) one cell of the grid; a finished one only when it is
-    to be replaced (``run.redo``)."""
+    to be replaced (``run.redo``). ``observers`` watch the rounds (``pflbench tune``'s reporter)."""
     (run.run_dir / ERROR_FILE).unlink(missing_ok=True)
     paths = RunPaths(run.run_dir)
     replaces = replaces_result(run) if run.redo else None
     guard = lambda run_dir: guard_run(RunPaths(run_dir), force=False, replaces=replaces)  # noqa: E731
     prepared = prepare(run.config, run.algo_options, guard=guard)
     # past the guard, a finished result here is one to replace (published only once the new run completes)
-    return execute(prepared, plugins=plugins, resume=True, force=paths.finished() is not None)
+    return execute(prepared, plugins=plugins, observers=observers, resume=True, force=paths.finished() is not None)
 
 
 def outcome_of(run: SweepRun, error: Exception) -> tuple[str, str | None]:

@@ -42,12 +42,12 @@ from pflbench.config.space import Choice, Dimension, grid_points, parse_dimensio
 from pflbench.engine.observers import Observer
 from pflbench.errors import ConfigError
 from pflbench.registry import ALGORITHMS, load_plugin_file
-from pflbench.runs.execute import RunDiverged, execute
-from pflbench.runs.prepare import prepare
-from pflbench.store.layout import SUMMARY_FILE, RunPaths, guard_run
+from pflbench.runs.execute import RunDiverged
+from pflbench.store.layout import SUMMARY_FILE
 from pflbench.store.reader import read_json, read_rounds
 from pflbench.store.writer import write_json
 from pflbench.sweeps.grid import Grid, SweepRun, expand_grid, parse_value
+from pflbench.sweeps.one import mark_redo, run_one
 from pflbench.sweeps.parallel import die_with_parent
 from pflbench.sweeps.record import write_error
 from pflbench.util.hashing import settings_hash
@@ -118,6 +118,8 @@ class StudyPlan:
     seeds: tuple[int, ...]
     settings: TuneSettings
     name: str = ""
+    force: bool = False  # --force: trials run again even where their run folder is finished
+    ran: set[str] = field(default_factory=set)  # run folders this invocation's trials wrote
     trials: list[dict[str, Any]] = field(default_factory=list)
 
     def path(self, suffix: str) -> Path:
@@ -331,18 +333,16 @@ def run_trial(plan: StudyPlan, trial_id: int, run: SweepRun, plugins: tuple[str,
     optuna = require_optuna()
     trial = optuna.trial.Trial(study, trial_id)
     metric = plan.settings.round_metric
+    mark_redo([run], plan.force)  # a finished run of older code (stale) or --force: run again
     summary = read_json(run.run_dir / SUMMARY_FILE) if (run.run_dir / SUMMARY_FILE).is_file() else None
-    if isinstance(summary, dict) and summary.get("status") == "completed":  # already run (a sweep, a study)
-        for record in read_rounds(run.run_dir):
+    if run.redo is None and isinstance(summary, dict) and summary.get("status") == "completed":
+        for record in read_rounds(run.run_dir):  # already run (a sweep, another study): read back
             if record.get(metric) is not None:
                 trial.report(float(record[metric]), record["round"])
         return _outcome(summary, plan.settings.objective, "read back (already finished)")
     reporter = ReportToStudy(trial, metric, prune=True)
-    guard = lambda run_dir: guard_run(RunPaths(run_dir), force=False)  # noqa: E731
     try:
-        summary = execute(
-            prepare(run.config, run.algo_options, guard=guard), plugins=plugins, observers=[reporter], resume=True
-        )
+        summary = run_one(run, plugins, observers=[reporter])
     except TrialPruned as pruned:
         return "pruned", reporter.last, str(pruned)
     except RunDiverged as diverged:
@@ -380,6 +380,9 @@ def run_study(
 ) -> dict[str, Any]:
     """Run the study's remaining trials, then the best setting over the seeds; returns the record."""
     optuna = require_optuna()
+    if plan.force:  # --force redoes everything: the study starts over, its trials run again
+        for suffix in (".journal", ".json"):
+            plan.path(suffix).unlink(missing_ok=True)
     study = open_study(plan, jobs)
     states = optuna.trial.TrialState
     for stale in study.get_trials(deepcopy=False, states=(states.RUNNING,)):  # the command stopped meanwhile
@@ -406,6 +409,8 @@ def run_study(
 
     def tell(trial: Any, outcome: tuple[str, float | None, str]) -> None:
         state, value, message = outcome
+        if not message.startswith("read back"):
+            plan.ran.add(runs[trial.number].name)
         if state == "complete":
             study.tell(trial, value)
         else:
@@ -480,7 +485,9 @@ def _trials_on_ray(
         runs = [run for _, run in batch]
         grid = Grid((plan.cell.config.algo,), (plan.cell.config.dataset,), (plan.cell.config.alpha,), plan.seeds[:1])
         record = sweep_record_path(plan.base.out, grid, plan.base)
-        run_sweep_on_ray(runs, record, grid, plan.base, plugins, None, ray["cpus"], ray["gpus"], disconnect=False)
+        run_sweep_on_ray(
+            runs, record, grid, plan.base, plugins, None, ray["cpus"], ray["gpus"], disconnect=False, force=plan.force
+        )
         study = open_study(plan)
         for trial, run in batch:
             summary = read_json(run.run_dir / SUMMARY_FILE) if (run.run_dir / SUMMARY_FILE).is_file() else None

@@ -90,7 +90,7 @@ def test_yaml_is_read_like_toml(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("lrr = 0.1\n", "unknown key 'lrr'; valid keys: "),
+        ("lrr = 0.1\n", "unknown key 'lrr' (did you mean 'lr'?); valid keys: "),
         ('optimizer = "rmsprop"\n', "'rmsprop' is not one of"),
         ("lr = [0.1, 0.2]\n", "'lr' takes one value"),
         ("lr = \n", "not valid TOML"),

@@ -132,8 +132,8 @@ def test_natural_partition_takes_k_random_writers(tmp_path: Path) -> None:
     assert all(len(c) == 1 for c in chosen)  # one writer per client, all of its samples
     names = [c.pop() for c in chosen]
     assert "d" not in names and len(set(names)) == 3  # "d" has fewer than min_size samples
-    for name, tr, te in zip(names, split.train, split.test):
-        assert len(tr) + len(te) == int((dataset.groups == name).sum())
+    for name, tr, va, te in zip(names, split.train, split.val, split.test):
+        assert len(tr) + len(va) + len(te) == int((dataset.groups == name).sum())
     with pytest.raises(ConfigError, match="only 4 groups have at least min_size=10"):
         make_partition(RunConfig(**{**config.__dict__, "num_clients": 5}), dataset)
 

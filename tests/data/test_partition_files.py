@@ -85,11 +85,17 @@ def test_a_runs_partition_json_is_a_partition_file_too(tmp_path: Path) -> None:
     saved = tmp_path / "partition.json"
     saved.write_text(
         json.dumps(
-            {"train_indices": [s.tolist() for s in first.train], "test_indices": [s.tolist() for s in first.test]}
+            {
+                "train_indices": [s.tolist() for s in first.train],
+                "val_indices": [s.tolist() for s in first.val],
+                "test_indices": [s.tolist() for s in first.test],
+            }
         )
     )
     again = make_partition(RunConfig(dataset="digits", partition_file=str(saved), num_clients=5), dataset)
-    assert all(np.array_equal(a, b) for a, b in zip(first.train + first.test, again.train + again.test))
+    assert all(
+        np.array_equal(a, b) for a, b in zip(first.train + first.val + first.test, again.train + again.val + again.test)
+    )
 
 
 def test_the_partition_sets_num_clients_unless_contradicted(tmp_path: Path) -> None:
@@ -243,7 +249,7 @@ def test_pfllib_folder_imports_every_clients_exact_split(pfllib_folder) -> None:
     root, clients = pfllib_folder
     dataset = load_dataset("pfllib", {"data_dir": str(root)})
     assert dataset.num_classes == 10 and dataset.input_shape == (1, 28, 28)
-    config = RunConfig(dataset="pfllib", data_dir=str(root), partition="natural", num_clients=3)
+    config = RunConfig(dataset="pfllib", data_dir=str(root), partition="natural", num_clients=3, val_frac=0)
     split = make_partition(config, dataset)
     pixels = dataset.inputs.numpy().astype(np.float64) / 255 * 2 - 1  # back to PFLlib's [-1, 1]
     for k, (x_train, y_train, x_test, y_test) in enumerate(clients):
@@ -274,7 +280,8 @@ def test_pfllib_folder_runs_and_sets_num_clients(pfllib_folder, tmp_path: Path) 
     assert code == 0, output
     (run,) = (tmp_path / "out" / "runs").iterdir()
     used = json.loads((run / "partition.json").read_text())
-    assert [len(t) for t in used["train_indices"]] == [len(c[1]) for c in clients]
+    # the validation split (--val-frac 0.1) is carved out of each client's own train split
+    assert [len(t) + len(v) for t, v in zip(used["train_indices"], used["val_indices"])] == [len(c[1]) for c in clients]
     assert [len(t) for t in used["test_indices"]] == [len(c[3]) for c in clients]
 
 
@@ -418,8 +425,8 @@ def test_flwr_partitioner_spec_on_the_command_line(monkeypatch: pytest.MonkeyPat
     assert made == [{"num_partitions": 4, "partition_by": "label", "seed": 3}]
     labels = load_dataset("digits").labels.numpy()
     order = np.argsort(labels, kind="stable")
-    for tr, te, expected in zip(split.train, split.test, np.array_split(order, 4)):
-        assert sorted(np.concatenate([tr, te]).tolist()) == sorted(expected.tolist())
+    for tr, va, te, expected in zip(split.train, split.val, split.test, np.array_split(order, 4)):
+        assert sorted(np.concatenate([tr, va, te]).tolist()) == sorted(expected.tolist())
     code, output = invoke(
         "partition", "--dataset", "digits", "--num-clients", "4", "--partition-file", "flwr:NoSuchPartitioner"
     )

@@ -185,7 +185,8 @@ def test_rounds_and_mb_to_an_absolute_target(frame: pd.DataFrame) -> None:
     never = cell(table, "FedAvg", A01, "rounds_to_target")
     assert never.mean is None and never.reached == (0, 3) and never.rank == 3  # after 2.67 and 3.33
     alone = pivot(frame, "pers_acc", target="0.9")  # only FedPer reaches 0.9 at α=0.1 (in every seed, round 4)
-    assert cell(alone, "FedPer", A01, "rounds_to_target").best and cell(alone, "FedAvg", A01, "rounds_to_target").rank == 2.5
+    assert cell(alone, "FedPer", A01, "rounds_to_target").best
+    assert cell(alone, "FedAvg", A01, "rounds_to_target").rank == 2.5  # 0 and 2 of 3 seeds: tied, after FedPer
     text = to_markdown(table)
     assert "| FedAvg | 72.00 ± 2.00 | — (0/3) | — (0/3) |" in text
     assert "Rounds to target: the first evaluation round at which Personalized accuracy ≥ 80%; MB to target" in text

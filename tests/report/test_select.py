@@ -73,9 +73,12 @@ def test_the_setting_with_the_best_validation_mean_is_shown_with_its_test_values
     text = to_markdown(table)
     assert (
         "Settings selected per algorithm and column group by the best mean Validation personalized accuracy (%) "
-        "over seeds (final value); the cells show the selected setting's values." in text
+        "over the seeds all its settings share (final value); the cells show the selected setting's values "
+        "over all of its seeds." in text
     )
-    assert "Selected: FedAvg digits α=0.1: lr=0.1; FedAvg digits α=1: lr=0.01." in text
+    assert (
+        "Selected: FedAvg digits α=0.1: lr=0.1 (on seeds 0,1,2); FedAvg digits α=1: lr=0.01 (on seeds 0,1,2)." in text
+    )
     assert "selected on test" not in text.lower()
     rows = pd.read_csv(StringIO(to_csv(table)))
     chosen = rows[(rows["algorithm"] == "FedAvg") & (rows["quantity"] == "pers_acc")].set_index("partition")
@@ -127,3 +130,18 @@ def test_ties_go_to_the_first_setting_and_lower_is_better_metrics_pick_the_least
     assert [c.setting for c in selection.choices] == ["lr=0.01"]  # equal means: the first in sorted order
     _, by_spread = select_settings(frame, "val_pers_acc_std")
     assert by_spread.choices[0].setting == "lr=0.01" and by_spread.choices[0].value == pytest.approx(0.01)
+
+
+def test_settings_are_compared_on_the_seeds_they_share(tmp_path: Path) -> None:
+    """As ``pflbench tune`` leaves them: trials on seed 0, the chosen setting also on seeds 1, 2.
+    On seed 0 lr=0.1 wins (0.70 > 0.65); over its own three seeds lr=0.01 would average 0.61 and
+    lose to 0.70 only because its other seeds are worse — compared on seed 0 it still loses, and a
+    setting that is better on seed 0 but has no other seeds is not favoured by its single run."""
+    for seed, (val, test) in enumerate([(0.65, 0.80), (0.60, 0.81), (0.58, 0.82)]):
+        make_run(tmp_path, "fedavg", seed, [test], alpha=0.1, lr=0.01, summary={"val_pers_acc": val})
+    make_run(tmp_path, "fedavg", 0, [0.5], alpha=0.1, lr=0.1, summary={"val_pers_acc": 0.64})
+    table = pivot(load_runs(tmp_path), select_by="val_pers_acc")
+    marks = cells(table)
+    # on the shared seed 0: lr=0.01 0.65 > lr=0.1 0.64 (over its own seeds lr=0.01 would be 0.61 < 0.64)
+    assert marks["FedAvg", A01].mean == pytest.approx(81.0) and marks["FedAvg", A01].n == 3
+    assert "FedAvg digits α=0.1: lr=0.01 (on seed 0)" in to_markdown(table)

@@ -54,6 +54,8 @@ def inspect_wandb(folder: Path, summary: bool = False) -> Any:
     (log,) = offline.glob("run-*.wandb")
     args = [sys.executable, "-m", "wandb", "leet", "inspect", "--json", *(["--summary"] if summary else []), str(log)]
     result = subprocess.run(args, capture_output=True, text=True, timeout=120, env=os.environ.copy())
+    if result.returncode != 0 and "No such command" in result.stderr:
+        pytest.skip("this wandb has no `wandb leet inspect` (W&B's reader of its offline log)")
     assert result.returncode == 0, result.stderr
     if summary:
         return json.loads(result.stdout)

@@ -241,3 +241,11 @@ def test_the_sweep_record_is_rewritten_at_a_bounded_rate(tmp_path: Path, monkeyp
     run_sweep(runs, path, the_grid, base)
     assert {r.status for r in runs} == {"skipped"} and len(writes) == 2
     assert json.loads(path.read_text())["counts"]["skipped"] == 300
+
+
+def test_a_portable_sweep_record_names_no_local_path(tmp_path: Path) -> None:
+    code, output = invoke("sweep", *TINY, "--rounds", "1", "--portable", "--out", str(tmp_path))
+    assert code == 0, output
+    (record,) = (tmp_path / "sweeps").iterdir()
+    text = record.read_text()
+    assert str(tmp_path) not in text and f"<local>/{tmp_path.name}" in text

@@ -135,6 +135,12 @@ def test_tune_end_to_end_selects_on_validation_and_runs_the_choice_over_seeds(tm
     assert "2 trials already in" in again.output and "trial 0:" not in again.output
     assert json.loads(record_path.read_text())["trials"] == trials
 
+    forced = CliRunner().invoke(cli, [*args, "--force"])  # the study starts over, every run is redone
+    assert forced.exit_code == 0, forced.output
+    assert "already in" not in forced.output and forced.output.count("(complete; done)") == 2
+    redone = json.loads(record_path.read_text())
+    assert [t["value"] for t in redone["trials"]] == [t["value"] for t in trials]  # same seed, same numbers
+
 
 def test_tune_from_a_config_file_matches_the_command_line(tmp_path: Path) -> None:
     config = tmp_path / "tune.toml"

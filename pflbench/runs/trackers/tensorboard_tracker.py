@@ -57,8 +57,10 @@ class TensorBoardTracker(Tracker):
             self.writer.add_scalar(key, value, global_step=step)
         # The HPARAMS dashboard: parameters of this run + the summary metrics as its columns.
         experiment, session_start, session_end = hparams(self.params, metrics)
+        file_writer = self.writer.file_writer
+        assert file_writer is not None, "the writer is open"
         for event in (experiment, session_start, session_end):
-            self.writer.file_writer.add_summary(event)
+            file_writer.add_summary(event)
 
     def close(self, failed: bool = False) -> None:
         if self.closed:

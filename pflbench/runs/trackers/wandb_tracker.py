@@ -53,10 +53,15 @@ def config_of(run: TrackedRun) -> dict[str, Any]:
     """The W&B config: the run's settings, its algorithm's hyperparameters under ``algo_hparams``."""
     import dataclasses
 
-    config = dataclasses.asdict(run.config) if dataclasses.is_dataclass(run.config) else dict(vars(run.config))
-    if run.hparams is not None and dataclasses.is_dataclass(run.hparams):
-        config["algo_hparams"] = dataclasses.asdict(run.hparams)
-    return run.local(config)
+    def fields(value: Any) -> dict[str, Any]:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return dataclasses.asdict(value)
+        return dict(vars(value))
+
+    config = fields(run.config)
+    if run.hparams is not None:
+        config["algo_hparams"] = fields(run.hparams)
+    return dict(run.local(config))
 
 
 @register_tracker("wandb")
@@ -72,7 +77,7 @@ class WandbTracker(Tracker):
 
     def __init__(self, run: TrackedRun) -> None:
         super().__init__(run)
-        self.mode = wandb_mode()
+        self.mode: Any = wandb_mode()  # one of MODES
         self.wandb_run: Any = None
         self.first_step = 0  # rounds below it are already in the W&B run (an online resume)
         self.closed = False
