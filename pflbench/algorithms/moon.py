@@ -148,6 +148,7 @@ class Moon(Algorithm[MoonHyperparameters]):
     def search_space(cls, config: RunConfig, hparams: MoonHyperparameters) -> dict[str, Dimension]:
         """lr around its default, and μ over the grid the paper tunes it on, {0.1, 1, 5, 10}."""
         return {**super().search_space(config, hparams), "mu": Choice((0.1, 1.0, 5.0, 10.0))}
+
     personal_model_is_received = True  # the previous local model only shapes training
 
     def __init__(self, config: RunConfig, hparams: MoonHyperparameters, model: nn.Module, num_train: list[int]) -> None:

@@ -183,6 +183,8 @@ class Algorithm(Generic[H]):
         """The default space of ``pflbench tune`` (``config`` resolved): the local learning rate,
         log-uniform from a tenth to ten times its resolved default. An algorithm adds the
         hyperparameters its paper tunes (``{**super().search_space(config, hparams), ...}``)."""
+        if config.lr is None:
+            raise RuntimeError("search_space needs a resolved config (config.resolve)")
         return {"lr": around(config.lr)}
 
     @classmethod

@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from pflbench.config.identity import OMITTED_AT_DEFAULT
+from pflbench.config.run_config import new_client_count
 from pflbench.errors import ConfigError
 from pflbench.plugin_sources import declared_display_name
 from pflbench.store.reader import partition_sort_key
@@ -162,12 +163,20 @@ def setup_text(frame: pd.DataFrame) -> str:
     def field(name: str) -> str:
         return _values(s.get(name) for s in settings)
 
+    def held_out(s: dict[str, Any]) -> int:  # new clients never train, so M is drawn from the others
+        fraction = s.get("new_clients") or 0
+        try:
+            return new_client_count(s["num_clients"], fraction) if isinstance(fraction, (int, float)) else 0
+        except ConfigError:  # a damaged config.json: the setup line still reads
+            return 0
+
     sampled = _values(
-        max(1, round(s["num_clients"] * s["frac"]))
+        max(1, round((s["num_clients"] - held_out(s)) * s["frac"]))
         if isinstance(s.get("num_clients"), int) and isinstance(s.get("frac"), (int, float))
         else None
         for s in settings
     )
+    new = _values(held_out(s) if isinstance(s.get("num_clients"), int) else None for s in settings)
     labels = sorted(runs["partition"].unique(), key=partition_sort_key)
     if all(label.startswith("α=") and " " not in label for label in labels):  # Dirichlet label skew
         partition_text = f"dirichlet partition (α = {', '.join(label[2:] for label in labels)})"
@@ -176,6 +185,7 @@ def setup_text(frame: pd.DataFrame) -> str:
     epochs = field("local_epochs")
     return (
         f"{', '.join(sorted(runs['dataset'].unique()))}, {partition_text}, "
-        f"{field('num_clients')} clients, {sampled} sampled per round, {field('rounds')} rounds, "
+        f"{field('num_clients')} clients{'' if new in ('0', '') else f' ({new} of them new, never trained)'}, "
+        f"{sampled} sampled per round, {field('rounds')} rounds, "
         f"{epochs} local epoch{'' if epochs == '1' else 's'}, model {field('model')}"
     )

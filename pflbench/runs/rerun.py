@@ -25,7 +25,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from pflbench.config.run_config import RunConfig, field_types
+from pflbench.config.run_config import VALUE_BEFORE_ADDED, RunConfig, field_types
 from pflbench.errors import ConfigError
 from pflbench.registry import load_plugin_file
 from pflbench.runs.prepare import prepare
@@ -84,7 +84,10 @@ def read_recorded_run(run_dir: str | Path) -> RecordedRun:
             if typing.get_origin(hints[f.name]) is tuple and value is not None:
                 value = tuple(value)
             values[f.name] = value
-    # settings added after the run was made keep their defaults (e.g. save_model, log)
+    # settings added after the run was made keep their defaults (e.g. save_model, log), except
+    # those whose default differs from what runs before them did (no validation split then)
+    for name, value in VALUE_BEFORE_ADDED.items():
+        values.setdefault(name, value)
     try:
         config = RunConfig(**values)
     except TypeError as error:

@@ -345,8 +345,8 @@ def run_trial(plan: StudyPlan, trial_id: int, run: SweepRun, plugins: tuple[str,
         summary = run_one(run, plugins, observers=[reporter])
     except TrialPruned as pruned:
         return "pruned", reporter.last, str(pruned)
-    except RunDiverged as diverged:
-        return "failed", None, f"diverged: {diverged}"
+    except RunDiverged as diverged:  # told as pruned at its last value: TPE learns to avoid it
+        return "diverged", reporter.last, f"diverged: {diverged}"
     except Exception as error:  # one broken trial must not stop the study
         write_error(run, error)
         return "failed", None, f"{type(error).__name__}: {error}"
@@ -414,7 +414,11 @@ def run_study(
         if state == "complete":
             study.tell(trial, value)
         else:
-            study.tell(trial, state=states.PRUNED if state == "pruned" else states.FAIL)
+            # a failed trial is left out of TPE's model, a pruned one counts with its last value:
+            # a diverged trial (e.g. lr too large) counts, so the sampler moves away from it
+            if state == "diverged":
+                trial.set_user_attr("diverged", True)
+            study.tell(trial, state=states.PRUNED if state in ("pruned", "diverged") else states.FAIL)
         shown = f"{value:.4f}" if value is not None else "—"
         params = " ".join(f"{k}={_short(v)}" for k, v in trial.params.items())
         report(f"  trial {trial.number}: {params} → {plan.settings.objective} {shown} ({state}; {message})")
@@ -495,10 +499,15 @@ def _trials_on_ray(
                 tell(trial, ("failed", None, run.error or "no summary"))
                 continue
             live = optuna.trial.Trial(study, trial._trial_id)
+            last = None
             for round_record in read_rounds(run.run_dir):
                 if round_record.get(plan.settings.round_metric) is not None:
-                    live.report(float(round_record[plan.settings.round_metric]), round_record["round"])
-            tell(trial, _outcome(summary, plan.settings.objective, "done on Ray"))
+                    last = float(round_record[plan.settings.round_metric])
+                    live.report(last, round_record["round"])
+            if summary.get("status") == "diverged":
+                tell(trial, ("diverged", last, "diverged on Ray"))
+            else:
+                tell(trial, _outcome(summary, plan.settings.objective, "done on Ray"))
 
 
 def _short(value: Any) -> str:
@@ -512,7 +521,11 @@ def trial_records(study: Any) -> list[dict[str, Any]]:
         records.append(
             {
                 "number": trial.number,
-                "state": "interrupted" if trial.number in interrupted else trial.state.name.lower(),
+                "state": "interrupted"
+                if trial.number in interrupted
+                else "diverged"
+                if trial.user_attrs.get("diverged")
+                else trial.state.name.lower(),
                 "params": dict(trial.params),
                 "value": trial.value,
                 "run": trial.user_attrs.get("run"),

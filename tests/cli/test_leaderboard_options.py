@@ -54,7 +54,9 @@ def test_metrics_target_order_precision_and_caption(results: Path) -> None:
         "| digits α=0.1 Rounds to target | digits α=0.1 MB to target |"
     )
     assert lines[4].startswith("| FedPer | 50.0 ± 0.0 |") and lines[5].startswith("| FedAvg | **76.0 ± 1.0** |")
-    assert "Selected: FedAvg digits α=0.1: lr=0.1 (on seeds 0,1,2); FedAvg digits α=1: lr=0.01 (on seeds 0,1,2)." in output
+    assert (
+        "Selected: FedAvg digits α=0.1: lr=0.1 (on seeds 0,1,2); FedAvg digits α=1: lr=0.01 (on seeds 0,1,2)." in output
+    )
 
 
 def test_the_old_metric_and_extra_options_still_work(results: Path) -> None:

@@ -45,7 +45,7 @@ def lora_config(tmp_path: Path, **changes) -> RunConfig:
 
 def test_public_fraction_goes_to_no_client_and_zero_changes_nothing() -> None:
     dataset = load_dataset("digits")
-    base = RunConfig(num_clients=5)
+    base = RunConfig(num_clients=5, val_frac=0)  # train/test as split_train_test makes them
     plain, held = make_partition(base, dataset), make_partition(dataclasses.replace(base, public_frac=0.2), dataset)
     labels = dataset.labels.numpy()
     clients = partition("dirichlet", labels, 5, rng_stream(0, "partition"), alpha=0.5)

@@ -101,3 +101,14 @@ def test_a_run_recorded_before_code_records(plugin_run, tmp_path) -> None:
     assert code == 2 and "recorded before pflbench kept its plugin files' hashes" in output, output
     code, output = invoke("rerun", folder, "--quiet", "--plugin", plugin, "--out", tmp_path / "again")
     assert code == 0 and "code: unknown (the run was recorded before pflbench recorded code)" in output, output
+
+
+def test_a_run_recorded_before_validation_splits_reruns_without_one(tmp_path: Path) -> None:
+    """config.json of a run made before --val-frac existed has no val_frac: rerun takes 0 (what
+    that run did), not today's default 0.1, which would change its partition and numbers."""
+    from pflbench.runs.rerun import read_recorded_run
+
+    (tmp_path / "config.json").write_text('{"algo": "fedavg", "dataset": "digits", "seed": 3}')
+    assert read_recorded_run(tmp_path).config.val_frac == 0.0
+    (tmp_path / "config.json").write_text('{"algo": "fedavg", "dataset": "digits", "val_frac": 0.2}')
+    assert read_recorded_run(tmp_path).config.val_frac == 0.2
