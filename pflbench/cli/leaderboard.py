@@ -12,6 +12,9 @@ from pflbench.errors import ConfigError
 FORMAT_CHOICES = ("md", "latex", "csv", "html", "all")
 
 
+SHOWN_UNFINISHED = 3
+
+
 def _write_text(path: Any, text: str) -> None:
     """Write one output file; any OSError becomes ``Error: cannot write PATH: reason``."""
     try:
@@ -238,7 +241,7 @@ def leaderboard_command(
     from pflbench.report.render import FORMATS
     from pflbench.report.select import check_metric, select_settings
     from pflbench.store.layout import check_writable, writing
-    from pflbench.store.reader import load_runs
+    from pflbench.store.reader import UNFINISHED_REASON, load_runs
 
     if fmt == "all" and output is None:
         raise ConfigError("--format all writes one file per format; give --output FOLDER")
@@ -261,11 +264,22 @@ def leaderboard_command(
     if plots:
         check_writable(plots)
     # --select-by reads diverged runs too: a setting with one is never selected (and is named)
-    frame = load_runs(
-        dirs,
-        warn=lambda message: click.echo(f"warning: {message}", err=True),
-        include_abnormal=include_diverged or select_by is not None,
-    )
+    unfinished: list[str] = []
+
+    def warn(message: str) -> None:
+        if message.endswith(f": {UNFINISHED_REASON}"):  # many, e.g. the pruned trials of pflbench tune: one line
+            unfinished.append(message.removeprefix("skipped ").removesuffix(f": {UNFINISHED_REASON}"))
+        else:
+            click.echo(f"warning: {message}", err=True)
+
+    frame = load_runs(dirs, warn=warn, include_abnormal=include_diverged or select_by is not None)
+    if unfinished:
+        shown = ", ".join(unfinished[:SHOWN_UNFINISHED]) + (", ..." if len(unfinished) > SHOWN_UNFINISHED else "")
+        click.echo(
+            f"warning: skipped {len(unfinished)} unfinished run{'s' * (len(unfinished) > 1)} (no summary.json: "
+            f"running, interrupted or a pruned tune trial): {shown}",
+            err=True,
+        )
     if frame.empty:
         raise ConfigError(f"no finished runs under {', '.join(dirs)}")
     table = pivot(

@@ -30,13 +30,17 @@ def _run_callback(quiet: bool, plugin: tuple[str, ...], force: bool, resume: boo
     check_writable(Path(config.out) / "runs")
     plan = plan_run(config, algo_options)  # unset settings take the algorithm's run defaults
     refuse_inert_options([(plan.config, plan.hparams)])
-    # a finished or claimed run is refused before the partition and any pretraining
-    prepared = prepare(plan, guard=lambda run_dir: guard_run(RunPaths(run_dir), force))
+    from pflbench.util.progress import SILENT, LineReporter, reporting
+
     try:
-        if quiet:
-            summary = execute(prepared, plugins=plugin, force=force, resume=resume)
-        else:
-            summary = _execute_with_progress(prepared, plugin, execute, force=force, resume=resume)
+        # long stages before the rounds (decoding, pretraining) report to stderr unless --quiet
+        with reporting(SILENT if quiet else LineReporter()):
+            # a finished or claimed run is refused before the partition and any pretraining
+            prepared = prepare(plan, guard=lambda run_dir: guard_run(RunPaths(run_dir), force))
+            if quiet:
+                summary = execute(prepared, plugins=plugin, force=force, resume=resume)
+            else:
+                summary = _execute_with_progress(prepared, plugin, execute, force=force, resume=resume)
     except RunDiverged as diverged:
         click.echo(f"Error: {diverged}", err=True)
         return 1
@@ -93,9 +97,32 @@ def _execute_with_progress(prepared: Any, plugin: tuple[str, ...], execute: Any,
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, transient=False) as progress:
+    from pflbench.util.progress import reporting
+
+    with Progress(*columns, transient=False) as progress, reporting(RichReporter(progress)):
         task = progress.add_task(f"{config.algo} on {config.dataset}", total=config.rounds, status="")
         return execute(prepared, plugins=plugin, observers=[ProgressObserver(progress, task)], **flags)
+
+
+class RichReporter:
+    """Stages inside the rounds (fine-tuning, personalizing for evaluation) as rows of the
+    rounds' progress display (a ``pflbench.util.progress.Reporter``): plain stderr lines
+    would be torn by its live redraws."""
+
+    def __init__(self, progress: Any) -> None:
+        self.progress = progress
+
+    def note(self, line: str) -> None:
+        self.progress.console.print(line, markup=False, highlight=False)
+
+    def start(self, name: str, total: int, unit: str) -> Any:
+        return self.progress.add_task(f"  {name}", total=total, status=unit)
+
+    def update(self, handle: Any, done: int, status: str) -> None:
+        self.progress.update(handle, completed=done, **({"status": status} if status else {}))
+
+    def finish(self, handle: Any, status: str) -> None:
+        self.progress.remove_task(handle)
 
 
 def _summary_line(summary: dict[str, Any]) -> str:

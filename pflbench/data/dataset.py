@@ -20,7 +20,7 @@ import torch
 
 from pflbench.errors import ConfigError
 from pflbench.registry import DATASETS
-from pflbench.util import cache
+from pflbench.util import cache, progress
 from pflbench.util.hashing import settings_hash
 
 CACHE_FORMAT_VERSION = 2  # 2: tensors + JSON metadata, content-hashed
@@ -138,6 +138,7 @@ def load_dataset(name: str, options: dict[str, Any] | None = None, use_cache: bo
         except (KeyError, TypeError, ValueError, IndexError):
             cache.warn(f"cache file {path} has an unexpected layout; deleted it and rebuilding")
             cache.discard(path)
+    progress.note(f"preparing dataset {name} (once: later runs read the cache {path})")
     dataset = _call_loader(name, loader, options)
     converted = _to_entry(dataset, key)
     if converted is not None:

@@ -35,6 +35,7 @@ from PIL import Image
 from pflbench.data.dataset import TensorDataset
 from pflbench.errors import ConfigError
 from pflbench.registry import register_dataset
+from pflbench.util import progress
 
 if TYPE_CHECKING:
     import datasets
@@ -82,12 +83,20 @@ def _decode(source: bytes | str, size: tuple[int, int] | None) -> np.ndarray:
         return np.asarray(converted, dtype=np.uint8)
 
 
+DECODE_CHUNK = 500  # images decoded between progress updates
+
+
 def decode_images(sources: Sequence[bytes | str], size: tuple[int, int] | None = None) -> torch.Tensor:
     """Encoded images (bytes or paths) → uint8 [N, C, H, W]; C=1 if all are grayscale, else 3.
 
     ``size`` (H, W) resizes every image; without it all images must share one size.
     """
-    arrays = [_decode(source, size) for source in sources]
+    arrays = []
+    with progress.stage("decoding images", len(sources), "image") as stage:
+        for start in range(0, len(sources), DECODE_CHUNK):
+            chunk = sources[start : start + DECODE_CHUNK]
+            arrays.extend(_decode(source, size) for source in chunk)
+            stage.advance(len(chunk))
     if not arrays:
         raise ConfigError("the dataset holds no images")
     shapes = sorted({array.shape[:2] for array in arrays})

@@ -29,9 +29,12 @@ from pflbench.engine.metrics import accuracy_metrics
 from pflbench.engine.observers import RunObserver
 from pflbench.engine.personalize import personalize
 from pflbench.engine.types import ClientJob, ClientUpdate, EvalJob, Tensors, tensor_bytes
+from pflbench.util import progress
 from pflbench.util.seeding import derive_seed, rng_stream
 
 PERSONALIZE_CHUNK = 64  # clients personalized (and held in memory) at once during evaluation
+# how the progress display names a ``personalized_correct`` stream (the stage's unit: a client)
+STAGE_NAMES = {"personalize": "personalizing for evaluation", "adapt_new": "adapting new clients", "finetune": "fine-tuning"}
 
 
 class Diverged(Exception):
@@ -229,14 +232,16 @@ class Federation:
         clients = self.training_clients if clients is None else list(clients)
         splits = self.splits if splits is None else tuple(splits)
         correct: dict[str, list[np.ndarray]] = {split: [] for split in splits}
-        for start in range(0, len(clients), PERSONALIZE_CHUNK):
-            chunk = clients[start : start + PERSONALIZE_CHUNK]
-            seeds = [derive_seed(self.settings.seed, stream, round_index, k) for k in chunk]
-            states = personalize(self.executor, program, [model_of(k) for k in chunk], chunk, seeds, round_index)
-            jobs = [EvalJob(state, (k,), split) for split in splits for state, k in zip(states, chunk)]
-            results = self.executor.evaluate(program, jobs)
-            for job, result in zip(jobs, results):
-                correct[job.split].append(result)
+        with progress.stage(STAGE_NAMES.get(stream, stream), len(clients), "client") as shown:
+            for start in range(0, len(clients), PERSONALIZE_CHUNK):
+                chunk = clients[start : start + PERSONALIZE_CHUNK]
+                seeds = [derive_seed(self.settings.seed, stream, round_index, k) for k in chunk]
+                states = personalize(self.executor, program, [model_of(k) for k in chunk], chunk, seeds, round_index)
+                jobs = [EvalJob(state, (k,), split) for split in splits for state, k in zip(states, chunk)]
+                results = self.executor.evaluate(program, jobs)
+                for job, result in zip(jobs, results):
+                    correct[job.split].append(result)
+                shown.advance(len(chunk))
         return {split: np.concatenate(parts) for split, parts in correct.items()}
 
     def evaluate_new_clients(self, round_index: int) -> tuple[dict[str, float], np.ndarray]:

@@ -5,7 +5,8 @@ identity without algorithm, dataset, partition and seed; hyperparameters include
 algorithm's runs in a column group (dataset, partition) have several settings — a sweep over
 ``--set lr=0.01,0.1`` — the setting with the best mean of METRIC (a validation metric, ``val_*``)
 over the seeds every candidate setting has (all of its seeds when they share none) is kept and the others are dropped, so the table shows that setting's test metrics on
-one row per algorithm. Ties go to the first setting in the settings' sorted order. A setting
+one row per algorithm. A tie goes to the setting run on more seeds, then to the first in the
+settings' sorted order. A setting
 with a run whose status is not normal (diverged) is never chosen. Every run must have METRIC:
 one without it (e.g. run with ``--val-frac 0``) is an error naming it. Selecting on anything
 but a validation metric needs ``allow_test=True`` and is marked in the table.
@@ -109,7 +110,9 @@ def select_settings(frame: pd.DataFrame, metric: str, allow_test: bool = False) 
         shared = shared_seeds(group, candidates)
         on = group[group["seed"].isin(shared)] if shared else group
         means = {k: float(on.loc[on["config_key"] == k, "value"].mean()) for k in candidates}
-        best = max(candidates, key=lambda k: (means[k] if better else -means[k], -candidates.index(k)))
+        seeds = {k: group.loc[group["config_key"] == k, "seed"].nunique() for k in candidates}
+        # a tie goes to the setting run on more seeds (``pflbench tune``'s choice), then the first
+        best = max(candidates, key=lambda k: (means[k] if better else -means[k], seeds[k], -candidates.index(k)))
         keep.add((algo, dataset, partition, best))
         text = _values_text(keys, best) if len(keys) > 1 else ""
         choices.append(Choice(algo, dataset, partition, text, means[best], len(keys), tuple(shared)))

@@ -126,7 +126,7 @@ def _failure(folder: Path) -> str:
         error = load_json(folder / ERROR_FILE)
         return f"failed run ({str(error.get('error_type'))[:200]}: {str(error.get('message'))[:500]})"
     except (ValueError, AttributeError):
-        return "unfinished run (no summary.json)"
+        return UNFINISHED_REASON
 
 
 def flat_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -273,6 +273,9 @@ def read_run(folder: Path) -> tuple[str, str | None, list[tuple[Any, ...]]]:
             if k not in ROUND_NON_METRICS and isinstance(k, str) and _is_number(v)
         ]
     return identity, status, rows
+
+
+UNFINISHED_REASON = "unfinished run (no summary.json)"  # the warning's wording (leaderboard groups them)
 
 
 def _warn(message: str) -> None:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from pflbench.config.run_config import RunConfig, field_types, hyperparameters_from
-from pflbench.config.space import Choice, Dimension, grid_points, parse_dimension, space_text, typed
+from pflbench.config.space import Choice, Dimension, Range, grid_points, parse_dimension, space_text, typed
 from pflbench.engine.observers import Observer
 from pflbench.errors import ConfigError
 from pflbench.registry import ALGORITHMS, load_plugin_file
@@ -402,7 +402,9 @@ def run_study(
 
     def ask() -> tuple[Any, SweepRun]:
         trial = study.ask(dists)
-        run = plan.run_of(dict(trial.params))
+        setting = rounded_setting(plan.space, dict(trial.params))
+        run = plan.run_of(setting)
+        trial.set_user_attr("setting", setting)
         trial.set_user_attr("run", run.name)
         runs[trial.number] = run
         return trial, run
@@ -420,7 +422,7 @@ def run_study(
                 trial.set_user_attr("diverged", True)
             study.tell(trial, state=states.PRUNED if state in ("pruned", "diverged") else states.FAIL)
         shown = f"{value:.4f}" if value is not None else "—"
-        params = " ".join(f"{k}={_short(v)}" for k, v in trial.params.items())
+        params = " ".join(f"{k}={_short(v)}" for k, v in trial.user_attrs.get("setting", trial.params).items())
         report(f"  trial {trial.number}: {params} → {plan.settings.objective} {shown} ({state}; {message})")
         write_record(plan, study)
 
@@ -510,6 +512,22 @@ def _trials_on_ray(
                 tell(trial, _outcome(summary, plan.settings.objective, "done on Ray"))
 
 
+SIGNIFICANT_DIGITS = 3
+
+
+def rounded_setting(space: dict[str, Dimension], params: dict[str, Any]) -> dict[str, Any]:
+    """The setting a trial runs: a value drawn from a float range rounded to 3 significant digits
+    (``lr=0.0871``, not ``0.08713945...``: readable in folder names, tables and papers, and two
+    proposals that differ in the 5th digit are one run); choices and integers as proposed."""
+    setting = {}
+    for name, value in params.items():
+        dimension = space[name]
+        if isinstance(dimension, Range) and not dimension.integer:
+            value = min(max(float(f"{value:.{SIGNIFICANT_DIGITS}g}"), dimension.low), dimension.high)
+        setting[name] = value
+    return setting
+
+
 def _short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
@@ -526,7 +544,7 @@ def trial_records(study: Any) -> list[dict[str, Any]]:
                 else "diverged"
                 if trial.user_attrs.get("diverged")
                 else trial.state.name.lower(),
-                "params": dict(trial.params),
+                "params": dict(trial.user_attrs.get("setting", trial.params)),
                 "value": trial.value,
                 "run": trial.user_attrs.get("run"),
                 "per_round": {str(step): value for step, value in sorted(trial.intermediate_values.items())},
@@ -561,7 +579,9 @@ def write_record(plan: StudyPlan, study: Any, final: dict[str, Any] | None = Non
         "trial_seed": plan.cell.config.seed,
         "trials_asked": plan.settings.trials,
         "trials": trial_records(study),
-        "best": None if best is None else {"number": best.number, "params": dict(best.params), "value": best.value},
+        "best": None
+        if best is None
+        else {"number": best.number, "params": dict(best.user_attrs.get("setting", best.params)), "value": best.value},
         "final": final if final is not None else (previous or {}).get("final"),
     }
     write_json(path, record)

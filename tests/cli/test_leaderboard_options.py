@@ -155,3 +155,15 @@ def test_plugin_for_leaderboard_and_partition(tmp_path: Path) -> None:
     assert unknown[0] == 2 and "unknown partitioner 'quantity-skew-example'" in unknown[1], unknown[1]
     assert partitioned[0] == 0, partitioned[1]
     assert "example_blobs: 1200 samples, 4 classes, partition=quantity-skew-example α=1 K=4" in partitioned[1]
+
+
+def test_many_unfinished_runs_are_one_warning_line(tmp_path: Path) -> None:
+    """pflbench tune leaves its pruned trials unfinished: one line counts them (names the first 3)."""
+    make_run(tmp_path, "fedavg", 0, [0.5])
+    for lr in (0.01, 0.02, 0.03, 0.04, 0.06):
+        (make_run(tmp_path, "fedavg", 0, [0.4], lr=lr) / "summary.json").unlink()
+    result = CliRunner().invoke(cli, ["leaderboard", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.output.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: skipped 5 unfinished runs (no summary.json")
+    assert warnings[0].endswith(", ...")

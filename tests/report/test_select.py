@@ -134,9 +134,8 @@ def test_ties_go_to_the_first_setting_and_lower_is_better_metrics_pick_the_least
 
 def test_settings_are_compared_on_the_seeds_they_share(tmp_path: Path) -> None:
     """As ``pflbench tune`` leaves them: trials on seed 0, the chosen setting also on seeds 1, 2.
-    On seed 0 lr=0.1 wins (0.70 > 0.65); over its own three seeds lr=0.01 would average 0.61 and
-    lose to 0.70 only because its other seeds are worse — compared on seed 0 it still loses, and a
-    setting that is better on seed 0 but has no other seeds is not favoured by its single run."""
+    Compared on the shared seed 0, lr=0.01 (0.65) beats lr=0.1 (0.64); over its own three seeds
+    lr=0.01 would average 0.61 and lose to a setting that has only its one lucky seed."""
     for seed, (val, test) in enumerate([(0.65, 0.80), (0.60, 0.81), (0.58, 0.82)]):
         make_run(tmp_path, "fedavg", seed, [test], alpha=0.1, lr=0.01, summary={"val_pers_acc": val})
     make_run(tmp_path, "fedavg", 0, [0.5], alpha=0.1, lr=0.1, summary={"val_pers_acc": 0.64})
@@ -145,3 +144,13 @@ def test_settings_are_compared_on_the_seeds_they_share(tmp_path: Path) -> None:
     # on the shared seed 0: lr=0.01 0.65 > lr=0.1 0.64 (over its own seeds lr=0.01 would be 0.61 < 0.64)
     assert marks["FedAvg", A01].mean == pytest.approx(81.0) and marks["FedAvg", A01].n == 3
     assert "FedAvg digits α=0.1: lr=0.01 (on seed 0)" in to_markdown(table)
+
+
+def test_a_tie_on_the_shared_seeds_goes_to_the_setting_with_more_seeds(tmp_path: Path) -> None:
+    """Two tune trials with equal validation accuracy on seed 0: tune ran the earlier one (lr=0.2)
+    on every seed; the table shows that one, not the other's single run (first in sorted order)."""
+    for seed in range(3):
+        make_run(tmp_path, "fedavg", seed, [0.9], alpha=0.1, lr=0.2, summary={"val_pers_acc": 0.7 - 0.1 * seed})
+    make_run(tmp_path, "fedavg", 0, [0.5], alpha=0.1, lr=0.1, summary={"val_pers_acc": 0.7})
+    table = pivot(load_runs(tmp_path), select_by="val_pers_acc")
+    assert cells(table)["FedAvg", A01].n == 3 and cells(table)["FedAvg", A01].mean == pytest.approx(90.0)

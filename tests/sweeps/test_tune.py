@@ -156,3 +156,12 @@ def test_tuning_on_test_needs_the_explicit_flag(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 2 and result.output.count("\n") == 1 and "is a test metric" in result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_proposals_from_a_float_range_run_rounded_to_three_digits() -> None:
+    from pflbench.sweeps.tune import rounded_setting
+
+    space = {"lr": Range(0.001, 0.3, log=True), "mu": Choice((0.01, 0.1)), "local_epochs": Range(1, 5, integer=True)}
+    setting = rounded_setting(space, {"lr": 0.087139456, "mu": 0.1, "local_epochs": 3})
+    assert setting == {"lr": 0.0871, "mu": 0.1, "local_epochs": 3}
+    assert rounded_setting(space, {"lr": 0.29996, "mu": 0.01, "local_epochs": 1})["lr"] == 0.3  # kept in range
