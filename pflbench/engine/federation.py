@@ -34,7 +34,11 @@ from pflbench.util.seeding import derive_seed, rng_stream
 
 PERSONALIZE_CHUNK = 64  # clients personalized (and held in memory) at once during evaluation
 # how the progress display names a ``personalized_correct`` stream (the stage's unit: a client)
-STAGE_NAMES = {"personalize": "personalizing for evaluation", "adapt_new": "adapting new clients", "finetune": "fine-tuning"}
+STAGE_NAMES = {
+    "personalize": "personalizing for evaluation",
+    "adapt_new": "adapting new clients",
+    "finetune": "fine-tuning",
+}
 
 
 class Diverged(Exception):

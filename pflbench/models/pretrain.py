@@ -35,19 +35,24 @@ from pflbench.models.zoo import build_model, head_parameter_names, load_weights
 from pflbench.util import cache, progress
 from pflbench.util.hashing import settings_hash
 from pflbench.util.seeding import derive_seed, rng_stream
+from pflbench.util.threads import resolved_threads
 
 PRETRAIN_BATCH_SIZE = 16
 PRETRAIN_WEIGHT_DECAY = 0.05
 PRETRAIN_VAL_FRAC = 0.2
-PRETRAIN_FORMAT_VERSION = 2
+PRETRAIN_FORMAT_VERSION = 3  # 3: the CPU thread count is part of the key
 
 
 def indices_digest(indices: np.ndarray) -> str:
     return hashlib.sha256(np.asarray(indices, dtype=np.int64).tobytes()).hexdigest()[:16]
 
 
-def backbone_key(config: RunConfig, dataset: TensorDataset, public: np.ndarray) -> dict[str, Any]:
-    """Everything that determines the pretrained weights."""
+def backbone_key(config: RunConfig, dataset: TensorDataset, public: np.ndarray, device: torch.device) -> dict[str, Any]:
+    """Everything that determines the pretrained weights. On the CPU that includes the thread
+    count: torch's reductions split work by thread, so 1 and 2 threads give weights that differ
+    in the last bits (measured, issue 25), and a backbone made with one count is not the one
+    another count would make."""
+    threads = resolved_threads(config.threads) if device.type == "cpu" else None
     return {
         "version": PRETRAIN_FORMAT_VERSION,
         "dataset": config.dataset,
@@ -65,6 +70,7 @@ def backbone_key(config: RunConfig, dataset: TensorDataset, public: np.ndarray) 
         "batch_size": PRETRAIN_BATCH_SIZE,
         "weight_decay": PRETRAIN_WEIGHT_DECAY,
         "val_frac": PRETRAIN_VAL_FRAC,
+        "threads": threads,
     }
 
 
@@ -124,7 +130,7 @@ def pretrain_backbone(
     config: RunConfig, dataset: TensorDataset, public: np.ndarray, device: torch.device
 ) -> PretrainedBackbone:
     """Train ``config.model`` on the public indices, or find the cached result; returns its file."""
-    key = backbone_key(config, dataset, public)
+    key = backbone_key(config, dataset, public, device)
     path = backbone_path(config, key)
     entry = cache.load_entry(path, expect={"key": json.loads(json.dumps(key, default=str))})
     if entry is not None:

@@ -165,3 +165,76 @@ def test_proposals_from_a_float_range_run_rounded_to_three_digits() -> None:
     setting = rounded_setting(space, {"lr": 0.087139456, "mu": 0.1, "local_epochs": 3})
     assert setting == {"lr": 0.0871, "mu": 0.1, "local_epochs": 3}
     assert rounded_setting(space, {"lr": 0.29996, "mu": 0.01, "local_epochs": 1})["lr"] == 0.3  # kept in range
+
+
+def test_trials_in_worker_processes_report_to_the_study(tmp_path: Path) -> None:
+    """--jobs 2: two trials at once in spawned workers, each reopening the study's journal to
+    report its per-round validation accuracy (what the median pruner reads)."""
+    args = [
+        "tune",
+        "--algos",
+        "fedavg",
+        *TINY,
+        "--seeds",
+        "0",
+        "--space",
+        "lr=0.05,0.2",
+        "--sampler",
+        "grid",
+        "--pruner",
+        "none",
+        "--jobs",
+        "2",
+        "--threads",
+        "2",
+        "--out",
+        str(tmp_path),
+    ]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    (record_path,) = (tmp_path / "tune").glob("*.json")
+    trials = json.loads(record_path.read_text())["trials"]
+    assert sorted(t["params"]["lr"] for t in trials) == [0.05, 0.2] and all(t["state"] == "complete" for t in trials)
+    for trial in trials:
+        rounds = [
+            json.loads(line) for line in (tmp_path / "runs" / trial["run"] / "rounds.jsonl").read_text().splitlines()
+        ]
+        assert trial["per_round"] == {str(r["round"]): r["val_pers_acc"] for r in rounds}
+
+
+def test_trials_as_ray_tasks(tmp_path: Path) -> None:
+    """--ray: trials run as Ray tasks in batches of --jobs; their per-round values are read back
+    from rounds.jsonl (a fresh interpreter: the Ray instance is the command's own)."""
+    pytest.importorskip("ray")
+    import subprocess
+    import sys
+
+    args = [
+        "tune",
+        "--algos",
+        "fedavg",
+        *TINY,
+        "--seeds",
+        "0",
+        "--space",
+        "lr=0.05,0.2",
+        "--sampler",
+        "grid",
+        "--ray",
+        "--jobs",
+        "2",
+        "--out",
+        str(tmp_path),
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", "from pflbench.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("(complete; done on Ray)") == 2
+    (record_path,) = (tmp_path / "tune").glob("*.json")
+    record = json.loads(record_path.read_text())
+    best = max(record["trials"], key=lambda t: t["value"])
+    assert record["best"]["params"] == best["params"] and all(t["per_round"] for t in record["trials"])

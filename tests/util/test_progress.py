@@ -39,7 +39,7 @@ def test_a_log_gets_lines_at_a_bounded_rate_and_a_short_stage_none(monkeypatch) 
         stage.advance(10)
     assert stream.getvalue() == ""  # under SHOW_AFTER_S: silent
     with progress.reporting(reporter), progress.stage("decoding", 100, "image") as stage:
-        for step in range(1, 101):  # one image per second: 100 s
+        for _ in range(1, 101):  # one image per second: 100 s
             clock[0] += 1.0
             stage.advance(1)
     lines = stream.getvalue().splitlines()
