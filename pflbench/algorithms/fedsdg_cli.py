@@ -3,15 +3,16 @@ entry point (the core names no plugin). Importing this module does not import to
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from pflbench.errors import ConfigError
 from pflbench.store.layout import SUMMARY_FILE
-from pflbench.store.reader import read_json
+from pflbench.store.reader import load_json
 
 if TYPE_CHECKING:
     import numpy as np
@@ -56,15 +57,53 @@ def plot_gate_heatmap(
     return path
 
 
+GATE_FRACTIONS = ("gate_frac_below_0.1", "gate_frac_above_0.9", "gate_frac_0.4_to_0.6")
+
+
+def read_gate_summary(run_dir: Path) -> dict[str, Any]:
+    """The gate values of a FedSDG run's ``summary.json``, every key checked: ``gates`` a
+    non-empty clients × blocks matrix of numbers in [0, 1], the three fractions numbers in
+    [0, 1], ``gates_clients_trained`` an integer, ``gate_blocks`` (optional) one name per block.
+    A received or damaged file is one ConfigError line naming the file and the key."""
+    path = Path(run_dir) / SUMMARY_FILE
+    no_gates = f"{run_dir} has no gate values (a finished fedsdg run folder has them in summary.json)"
+    if not path.exists():
+        raise ConfigError(no_gates)
+    try:
+        summary = load_json(path)
+    except ValueError as error:
+        raise ConfigError(f"cannot read {path}: {error}") from None
+    if not isinstance(summary, dict) or "gates" not in summary:
+        raise ConfigError(no_gates)
+    gates = summary["gates"]
+    width = len(gates[0]) if isinstance(gates, list) and gates and isinstance(gates[0], list) else 0
+    if not (width and all(isinstance(row, list) and len(row) == width for row in gates)):
+        raise ConfigError(f"{path}: 'gates' must be a non-empty clients × blocks list of lists of equal length")
+    if not all(_fraction(m) for row in gates for m in row):
+        raise ConfigError(f"{path}: 'gates' must hold gate values m in [0, 1]")
+    for key in GATE_FRACTIONS:
+        if not _fraction(summary.get(key)):
+            raise ConfigError(f"{path}: {key!r} must be a fraction in [0, 1], got {json.dumps(summary.get(key))[:50]}")
+    trained = summary.get("gates_clients_trained")
+    if type(trained) is not int or trained < 0:
+        raise ConfigError(f"{path}: 'gates_clients_trained' must be an integer ≥ 0, got {json.dumps(trained)[:50]}")
+    blocks = summary.get("gate_blocks", [])
+    if not (isinstance(blocks, list) and all(isinstance(b, str) for b in blocks) and len(blocks) in (0, width)):
+        raise ConfigError(f"{path}: 'gate_blocks' must list one block name per gate column ({width})")
+    return summary
+
+
+def _fraction(value: Any) -> bool:
+    return type(value) in (int, float) and 0.0 <= value <= 1.0
+
+
 @click.command("gates")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--plot", type=click.Path(dir_okay=False), help="Save the client × block heatmap (PNG/PDF).")
 def gates_command(run_dir: str, plot: str | None) -> None:
     """Print (and plot) the per-client gate values of a FedSDG run."""
 
-    summary = read_json(Path(run_dir) / SUMMARY_FILE) or {}
-    if "gates" not in summary:
-        raise ConfigError(f"{run_dir} has no gate values (a finished fedsdg run folder has them in summary.json)")
+    summary = read_gate_summary(Path(run_dir))
     gates = summary["gates"]
     click.echo(
         f"gates < 0.1: {summary['gate_frac_below_0.1']:.1%}   > 0.9: {summary['gate_frac_above_0.9']:.1%}"

@@ -29,6 +29,7 @@ from typing import Any
 
 import click
 
+from pflbench.config.value_types import type_error
 from pflbench.errors import ConfigError
 
 SUFFIXES = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml"}
@@ -199,8 +200,20 @@ def default_map(
         elif isinstance(value, (list, dict)):
             raise ConfigError(f"--config {path}: {key!r} takes one value, got {_text(value)!r}")
         else:
+            problem = type_error(value, _annotation(param))
+            if problem:
+                raise ConfigError(f"--config {path}: {key!r} {problem}")
             mapped[name] = value
     return mapped
+
+
+def _annotation(param: click.Parameter) -> Any:
+    """The file value's type for a single-valued option (``config.value_types``): its click type's
+    Python type, optional (null) only where the option's default is unset (None). Values are
+    checked, not converted: click would turn 2.7 into 2 and "yes" into True."""
+    kinds = ((click.types.BoolParamType, bool), (click.types.IntParamType, int), (click.types.FloatParamType, float))
+    kind = next((k for t, k in kinds if isinstance(param.type, t)), str)
+    return kind | None if param.default is None else kind
 
 
 def config_path_from(args: list[str]) -> str | None:

@@ -104,23 +104,46 @@ def _load_plugins_from(args: list[str]) -> tuple[str, ...]:
 
 
 def explicit_options(names: Any) -> set[str]:
-    """Which of ``names`` the user gave on the command line (not defaults)."""
+    """Which of ``names`` the user gave, on the command line or in the ``--config`` file (whose
+    values are click's ``default_map``), not defaults."""
     from click.core import ParameterSource
 
     context = click.get_current_context()
-    return {n for n in names if context.get_parameter_source(n) is ParameterSource.COMMANDLINE}
+    given = (ParameterSource.COMMANDLINE, ParameterSource.DEFAULT_MAP)
+    return {n for n in names if context.get_parameter_source(n) in given}
+
+
+def unused_services(config: RunConfig, command: str) -> dict[str, str]:
+    """Options that configure a service the run does not use (Ray for the executor, MLflow),
+    each with why. They never change the numbers (the run's identity leaves them out), so
+    ``inert_settings`` does not list them; given, they would be silently ignored. A sweep's
+    ``--ray-address`` without ``--executor ray`` is read: the sweep runs its runs on Ray."""
+    unused = {}
+    if config.executor != "ray":
+        unused["ray_workers"] = f"--executor {config.executor} starts no Ray actors (--executor ray does)"
+        if command == "run":
+            unused["ray_address"] = f"--executor {config.executor} joins no Ray cluster (--executor ray does)"
+    trackers = {name.strip() for item in config.log for name in item.split(",")}
+    if "mlflow" not in trackers:
+        unused["mlflow_uri"] = "nothing logs to MLflow without --log mlflow"
+    return unused
 
 
 def refuse_inert_options(configs: list[tuple[RunConfig, Any]]) -> None:
-    """ConfigError for an option given on the command line that no run of ``configs`` (resolved
+    """ConfigError for an option given (command line or --config file) that no run of ``configs`` (resolved
     config, hyperparameters) would read."""
+    from click.core import ParameterSource
+
     inert: dict[str, str] | None = None
+    command = click.get_current_context().info_name or ""
     for config, hparams in configs:
-        found = inert_settings(config, ALGORITHMS.get(config.algo), hparams)
+        found = {**inert_settings(config, ALGORITHMS.get(config.algo), hparams), **unused_services(config, command)}
         inert = found if inert is None else {k: v for k, v in inert.items() if k in found}
     for name in sorted(explicit_options(inert or {})):
         value = getattr(configs[0][0], name)
-        raise ConfigError(f"{_flag(name)} {value} would be ignored: {inert[name]}; leave it out")
+        source = click.get_current_context().get_parameter_source(name)
+        where = " of the --config file" if source is ParameterSource.DEFAULT_MAP else ""
+        raise ConfigError(f"{_flag(name)} {value} would be ignored: {inert[name]}; leave it out{where}")
 
 
 HELP_FROM_SOURCES = "pflbench.help_from_sources"  # ctx.meta key: this invocation shows help

@@ -6,6 +6,8 @@ from typing import Any
 
 import click
 
+from pflbench.errors import ConfigError
+
 
 @click.command("rerun")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
@@ -56,6 +58,8 @@ def rerun_command(
     from pflbench.runs.execute import execute
     from pflbench.runs.rerun import compare_rounds, prepare_rerun
 
+    if mlflow_uri is not None and "mlflow" not in {n.strip() for item in log for n in item.split(",")}:
+        raise ConfigError(f"--mlflow-uri {mlflow_uri} would be ignored: nothing logs to MLflow without --log mlflow")
     overrides: dict[str, Any] = {}
     if save_model is not None:
         overrides["save_model"] = save_model

@@ -102,7 +102,9 @@ def _sweep_callback(
 
         check_resources(base, cpus_per_run, gpus_per_run)
         require_ray()
-    runs = expand_grid(base, grid)  # every cell resolved like a run; LoRA grids share LoRA defaults
+    # every cell resolved like a run (LoRA grids share LoRA defaults), with its share of the
+    # threads when --jobs N runs N at once (a Ray task's threads are its own --threads)
+    runs = expand_grid(base, grid, 1 if on_ray else jobs)
     refuse_inert_options(
         [
             (

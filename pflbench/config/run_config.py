@@ -151,7 +151,8 @@ class RunConfig:
         1,
         "CPU threads of torch's operations; 0 = every usable core. 1 suits the "
         "small models of FL benchmarks and never collapses on a busy or shared machine "
-        "(many threads spin-wait on each other there). Not part of the run identity.",
+        "(many threads spin-wait on each other there). On the CPU the count changes the "
+        "numbers in the last bits, so a count other than 1 is part of the run identity.",
     )
     out: str = option("results", "Output folder; the run goes to OUT/runs/<name>/.")
     portable: bool = option(

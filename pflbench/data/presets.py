@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pflbench.config.value_types import json_kind
 from pflbench.errors import ConfigError
 from pflbench.store.writer import without_local_paths
 from pflbench.util.atomic import atomic_write_text
@@ -146,28 +147,57 @@ def read_partition_file(path: str | Path) -> PresetPartition:
         document = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ConfigError(f"{where} is not a JSON file: {error}") from error
+    except RecursionError:  # json's parser recurses once per level: 10,000 nested lists
+        raise ConfigError(f"{where} is nested too deeply to be a partition") from None
+    return partition_from_document(document, where, str(path))
+
+
+def partition_from_document(document: Any, where: str, source: str) -> PresetPartition:
+    """The partition a parsed file holds (export format or ``partition.json``/``--save``), every
+    value checked for its JSON type: one ConfigError line naming the key and what is wrong.
+    Index ranges and overlaps are checked against the dataset by ``validate_partition``."""
     if not isinstance(document, dict):
-        raise ConfigError(f"{where} holds a JSON {type(document).__name__}, not a partition object")
+        raise ConfigError(f"{where} holds a JSON {json_kind(document).split()[-1]}, not a partition object")
     if document.get("format") == FORMAT:
-        if document.get("version") != VERSION:
-            raise ConfigError(
-                f"{where} has format version {document.get('version')!r}; this pflbench reads version {VERSION}"
-            )
+        version = document.get("version")
+        if type(version) is not int or version != VERSION:
+            raise ConfigError(f"{where} has format version {version!r}; this pflbench reads version {VERSION}")
         clients = document.get("clients")
         if not isinstance(clients, list) or not all(isinstance(c, dict) for c in clients):
             raise ConfigError(f'{where}: \'clients\' must be a list of {{"train": [...], "test": [...]}}')
-        train = [c.get("train") for c in clients]
-        test = [c.get("test") for c in clients]
+        for k, client in enumerate(clients):
+            unknown = sorted(set(client) - {"train", "val", "test"})
+            missing = [key for key in ("train", "test") if key not in client]
+            if unknown or missing:
+                wrong = f"has no {missing[0]!r} list" if missing else f"has unknown key {unknown[0]!r}"
+                raise ConfigError(f'{where}: client {k} {wrong} (a client is {{"train", "val", "test"}})')
+        train = [c["train"] for c in clients]
+        test = [c["test"] for c in clients]
         val = [c.get("val", []) for c in clients] if any("val" in c for c in clients) else None
-        dataset = document.get("dataset") or {}
-        name, size = dataset.get("name"), dataset.get("size")
-        declared = document.get("num_clients")
+        dataset = document.get("dataset", {})
+        if not isinstance(dataset, dict):
+            raise ConfigError(
+                f'{where}: \'dataset\' must be an object {{"name", "size", ...}}, not {json_kind(dataset)}'
+            )
+        name = _optional(dataset.get("name"), str, where, "dataset.name", "a string")
+        size = _optional(dataset.get("size"), int, where, "dataset.size", "an integer ≥ 0")
+        if size is not None and size < 0:
+            raise ConfigError(f"{where}: dataset.size must be an integer ≥ 0, got {size}")
+        declared = _optional(document.get("num_clients"), int, where, "num_clients", "an integer")
         if declared is not None and declared != len(clients):
             raise ConfigError(f"{where} declares num_clients={declared} but lists {len(clients)} clients")
     elif "train_indices" in document and "test_indices" in document:  # partition.json / --save
         train, test = document["train_indices"], document["test_indices"]
+        for key in ("train_indices", "test_indices"):
+            if not isinstance(document[key], list):
+                raise ConfigError(
+                    f"{where}: {key!r} must be one list of indices per client, not {json_kind(document[key])}"
+                )
         val = document.get("val_indices")
-        name = (document.get("config") or {}).get("dataset")
+        recorded = document.get("config", {})
+        if not isinstance(recorded, dict):
+            raise ConfigError(f"{where}: 'config' must be an object, not {json_kind(recorded)}")
+        name = _optional(recorded.get("dataset"), str, where, "config.dataset", "a string")
         size = None
     else:
         raise ConfigError(
@@ -175,16 +205,25 @@ def read_partition_file(path: str | Path) -> PresetPartition:
             "partition.json (no 'format' or 'train_indices' key)"
         )
     public = document.get("public", document.get("public_indices", []))
-    preset = PresetPartition(
+    return PresetPartition(
         train=[_index_array(v, where, f"client {k} train") for k, v in enumerate(train)],
         test=[_index_array(v, where, f"client {k} test") for k, v in enumerate(test)],
         public=_index_array(public, where, "public"),
-        source=str(path),
+        source=source,
         dataset_name=name,
         dataset_size=size,
         val=None if val is None else _val_lists(val, len(train), where),
     )
-    return preset
+
+
+def _optional(value: Any, kind: type, where: str, key: str, wanted: str) -> Any:
+    """``value`` when it is null or of ``kind`` (a boolean is no integer), else ConfigError."""
+    if value is None or (type(value) is kind):
+        return value
+    raise ConfigError(f"{where}: {key} must be {wanted}, got {json.dumps(value)[:50]}")
+
+
+MAX_INDEX = 2**62  # far above any dataset; keeps every index inside int64
 
 
 def _val_lists(val: Any, num_clients: int, where: str) -> list[np.ndarray] | None:
@@ -196,14 +235,21 @@ def _val_lists(val: Any, num_clients: int, where: str) -> list[np.ndarray] | Non
 
 
 def _index_array(values: Any, where: str, what: str) -> np.ndarray:
+    """A flat list of JSON integers as int64 (floats, booleans, strings and nested lists refused,
+    not converted: a file holding them was not written by pflbench)."""
     if not isinstance(values, list):
-        raise ConfigError(f"{where}: {what} indices must be a list of integers")
-    array = np.asarray(values)
-    if array.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
-        raise ConfigError(f"{where}: {what} indices must be a flat list of integers")
-    return array.astype(np.int64)
+        raise ConfigError(f"{where}: {what} indices must be a list of integers, not {json_kind(values)}")
+    for value in values:
+        if type(value) is not int:
+            raise ConfigError(
+                f"{where}: {what} indices must be a flat list of integers; found "
+                + ("a nested list" if isinstance(value, list) else f"{json.dumps(value)[:50]} ({json_kind(value)})")
+            )
+        if not 0 <= value < MAX_INDEX:
+            raise ConfigError(
+                f"{where}: {what} index {value} is out of range (indices are ≥ 0 and below the dataset size)"
+            )
+    return np.asarray(values, dtype=np.int64)
 
 
 def validate_partition(preset: PresetPartition, dataset_size: int, dataset_name: str | None = None) -> None:

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pflbench.config.identity import cpu_threads
 from pflbench.config.run_config import RunConfig
 from pflbench.data.dataset import FederatedData, TensorDataset, cache_dir
 from pflbench.data.partitioners import split_train_test
@@ -35,7 +36,6 @@ from pflbench.models.zoo import build_model, head_parameter_names, load_weights
 from pflbench.util import cache, progress
 from pflbench.util.hashing import settings_hash
 from pflbench.util.seeding import derive_seed, rng_stream
-from pflbench.util.threads import resolved_threads
 
 PRETRAIN_BATCH_SIZE = 16
 PRETRAIN_WEIGHT_DECAY = 0.05
@@ -52,7 +52,7 @@ def backbone_key(config: RunConfig, dataset: TensorDataset, public: np.ndarray, 
     count: torch's reductions split work by thread, so 1 and 2 threads give weights that differ
     in the last bits (measured, issue 25), and a backbone made with one count is not the one
     another count would make."""
-    threads = resolved_threads(config.threads) if device.type == "cpu" else None
+    threads = cpu_threads(config) if device.type == "cpu" else None
     return {
         "version": PRETRAIN_FORMAT_VERSION,
         "dataset": config.dataset,
@@ -112,10 +112,11 @@ def train_centrally(model: nn.Module, data: FederatedData, epochs: int, lr: floa
                 total_loss += loss.detach()  # read once per epoch: no host sync per batch
                 batches += 1
                 stage.advance(len(targets), status)
-            last = f"  loss {float(total_loss) / max(1, batches):.4f}"
+            summary = f"loss {float(total_loss) / max(1, batches):.4f}"
             if held_back is not None:
-                last += f"  held-back acc {split_accuracy(model, data, held_back):.4f}"
-            stage.advance(0, f"epoch {epoch}/{epochs} done{last}")
+                summary += f"  held-back acc {split_accuracy(model, data, held_back):.4f}"
+            last = f"  (epoch {epoch}: {summary})"
+            stage.advance(0, f"epoch {epoch}/{epochs} done  {summary}")
     model.train()
 
 

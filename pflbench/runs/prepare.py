@@ -30,7 +30,7 @@ from pflbench.registry import ALGORITHMS
 from pflbench.runs.prepared import PreparedRun
 from pflbench.runs.trackers import check_trackers
 from pflbench.util.seeding import derive_seed
-from pflbench.util.threads import apply_threads
+from pflbench.util.threads import apply_threads, resolved_threads
 
 
 def resolve_device(name: str) -> torch.device:
@@ -93,6 +93,9 @@ def plan_run(
     hparams = hyperparameters_from(algorithm_class.hyperparameters, dict(algo_options or {}), config.algo)
     config, applied = resolve(config, algorithm_class, hparams, shared_defaults)
     validate(config)
+    # --threads 0 becomes the count it means here: recorded, it is what shaped the numbers and
+    # what ``rerun`` uses on another machine (the count is part of the identity on the CPU)
+    config = dataclasses.replace(config, threads=resolved_threads(config.threads))
     algorithm_class.check_config(config, hparams)
     if config.finetune_epochs and not algorithm_class.has_global_model:
         raise ConfigError(

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from pflbench.config.run_config import VALUE_BEFORE_ADDED, RunConfig, field_types
+from pflbench.config.value_types import json_kind, type_error
 from pflbench.errors import ConfigError
-from pflbench.registry import load_plugin_file
+from pflbench.registry import ALGORITHMS, load_plugin_file
 from pflbench.runs.prepare import prepare
 from pflbench.store.layout import CONFIG_FILE, PLUGINS_DIR, RUNS_DIR
 from pflbench.store.reader import load_json, read_rounds
@@ -51,6 +52,7 @@ class RecordedRun:
     code: dict[str, Any] | None = None  # config.json's code block (None: recorded before code records)
     loaded_plugins: tuple[str, ...] = ()  # the plugin files the rerun loaded (set by prepare_rerun)
     plugin_notes: tuple[str, ...] = ()  # one line per recorded plugin file: which file was loaded
+    raw_hyperparameters: dict[str, Any] = dataclasses.field(default_factory=dict)  # as in config.json
 
     @property
     def plugin_files(self) -> list[dict[str, Any]]:
@@ -66,8 +68,59 @@ def _tuples(value: Any) -> Any:
     return value
 
 
+# Settings every config.json has recorded since the first: a file without one is damaged (a
+# setting added later is filled in, ``VALUE_BEFORE_ADDED``, but these were never missing).
+ALWAYS_RECORDED = ("algo", "dataset", "partition", "rounds", "seed")
+
+
+def check_recorded(record: Any, path: Path) -> None:
+    """ConfigError (one line naming the file and the key) unless ``record`` is a config.json
+    object whose settings have their types (``config.value_types``: no value is converted, so
+    ``"rounds": 2.7`` or ``"lr": "0.1"`` is refused, not truncated or parsed) and whose
+    ``algo_hparams``, ``plugins``, ``code`` and ``identity_hash`` have their shapes."""
+    if not isinstance(record, dict):
+        raise ConfigError(f"{path}: holds {json_kind(record)}, not a run's settings object")
+    missing = [name for name in ALWAYS_RECORDED if name not in record]
+    if missing:
+        raise ConfigError(f"{path}: setting {missing[0]!r} is missing (every run records it)")
+    hints = field_types(RunConfig)
+    for f in dataclasses.fields(RunConfig):
+        if f.name in record:
+            problem = type_error(record[f.name], hints[f.name])
+            if problem:
+                raise ConfigError(f"{path}: {f.name!r} {problem}")
+    shapes = {
+        "algo_hparams": (dict, "an object of hyperparameters"),
+        "plugins": (list, "a list of plugin files"),
+        "code": (dict, "an object"),
+        "identity_hash": (str, "a string"),
+    }
+    for key, (kind, wanted) in shapes.items():
+        if record.get(key) is not None and not isinstance(record[key], kind):
+            raise ConfigError(f"{path}: {key!r} must be {wanted}, not {json_kind(record[key])}")
+    if not all(isinstance(p, str) for p in record.get("plugins") or ()):
+        raise ConfigError(f"{path}: 'plugins' must be a list of plugin files (strings)")
+    files = (record.get("code") or {}).get("plugin_files", [])
+    if not isinstance(files, list) or not all(isinstance(f, dict) for f in files):
+        raise ConfigError(f"{path}: code.plugin_files must be a list of {{path, sha256, copy}} objects")
+
+
+def check_recorded_hyperparameters(recorded: RecordedRun, path: Path) -> None:
+    """ConfigError unless each recorded hyperparameter has its field's type (after plugins load:
+    a plugin algorithm's fields are known only then). Unknown names are refused later, by
+    ``hyperparameters_from``."""
+    cls = getattr(ALGORITHMS.get(recorded.config.algo), "hyperparameters", None)
+    if cls is None or not dataclasses.is_dataclass(cls):
+        return
+    hints = field_types(cls)
+    for name, value in recorded.raw_hyperparameters.items():
+        problem = type_error(value, hints[name]) if name in hints else None
+        if problem:
+            raise ConfigError(f"{path}: algo_hparams {name!r} {problem}")
+
+
 def read_recorded_run(run_dir: str | Path) -> RecordedRun:
-    """The run's settings from ``RUN_DIR/config.json``."""
+    """The run's settings from ``RUN_DIR/config.json`` (``check_recorded``)."""
     run_dir = Path(run_dir)
     path = run_dir / CONFIG_FILE
     if not path.is_file():
@@ -76,6 +129,7 @@ def read_recorded_run(run_dir: str | Path) -> RecordedRun:
         record = load_json(path)
     except ValueError as error:
         raise ConfigError(f"cannot read {path}: {error}") from None
+    check_recorded(record, path)
     hints = field_types(RunConfig)
     values: dict[str, Any] = {}
     for f in dataclasses.fields(RunConfig):
@@ -92,10 +146,13 @@ def read_recorded_run(run_dir: str | Path) -> RecordedRun:
         config = RunConfig(**values)
     except TypeError as error:
         raise ConfigError(f"{path}: {error}") from None
-    options = {k: _tuples(v) for k, v in (record.get("algo_hparams") or {}).items()}
-    code = record.get("code") if isinstance(record.get("code"), dict) else None
+    hyperparameters = record.get("algo_hparams") or {}
+    options = {k: _tuples(v) for k, v in hyperparameters.items()}
+    code = record.get("code")
     plugins = tuple(record.get("plugins") or ())
-    return RecordedRun(run_dir, config, options, plugins, record.get("identity_hash"), code)
+    recorded = RecordedRun(run_dir, config, options, plugins, record.get("identity_hash"), code)
+    recorded.raw_hyperparameters = dict(hyperparameters)
+    return recorded
 
 
 def _sha256(path: Path) -> str | None:
@@ -183,6 +240,7 @@ def prepare_rerun(
     recorded.loaded_plugins = _plugins_to_load(recorded, plugins, trust_plugins)
     for plugin in recorded.loaded_plugins:
         load_plugin_file(plugin)
+    check_recorded_hyperparameters(recorded, recorded.run_dir / CONFIG_FILE)
     target = Path(out) if out is not None else default_rerun_out(recorded.run_dir)
     untracked = {"log": (), "mlflow_uri": None}  # the recorded tracker address is never used unasked
     config = dataclasses.replace(recorded.config, out=str(target), **{**untracked, **(overrides or {})})

@@ -19,6 +19,7 @@ from pflbench.errors import ConfigError
 from pflbench.registry import ALGORITHMS, DATASETS
 from pflbench.runs.prepare import plan_run, preflight
 from pflbench.store.reader import partition_of
+from pflbench.util.threads import threads_per_job
 
 GRID_FIELDS = ("algo", "dataset", "alpha", "seed")
 
@@ -174,7 +175,7 @@ def _product(axes: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
     return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
 
 
-def expand_grid(base: RunConfig, grid: Grid) -> list[SweepRun]:
+def expand_grid(base: RunConfig, grid: Grid, jobs: int = 1) -> list[SweepRun]:
     """Every combination, validated and resolved: dataset × α × seed × run axes, then each algorithm
     × its own hyperparameter axes (a hyperparameter only multiplies the algorithms that have it).
 
@@ -182,6 +183,9 @@ def expand_grid(base: RunConfig, grid: Grid) -> list[SweepRun]:
     When any cell is a LoRA run, ``config.lora.RUN_DEFAULTS`` also fill the unset options of *every*
     other cell, so all runs share the model and the public hold-out (the same client data).
     ``--finetune-epochs`` applies to the algorithms with a global model (the others run without it).
+    ``jobs`` runs at once (``--jobs``) share each cell's threads: each gets ``threads // jobs``
+    (``util.threads.threads_per_job``) before it is named, since the count that shapes the
+    numbers is part of the run identity (``config.identity.cpu_threads``).
     """
     for name in grid.datasets:
         DATASETS.get(name)
@@ -200,6 +204,7 @@ def expand_grid(base: RunConfig, grid: Grid) -> list[SweepRun]:
         for algo in grid.algos:
             for algo_values in algo_axes[algo]:
                 config = dataclasses.replace(base, algo=algo, dataset=dataset, alpha=alpha, seed=seed, **run_values)
+                config = dataclasses.replace(config, threads=threads_per_job(config.threads, jobs))
                 if not ALGORITHMS.get(algo).has_global_model:  # --finetune-epochs: global models only
                     config = dataclasses.replace(config, finetune_epochs=0)
                 hparams = hyperparameters_from(hyperparameter_classes[algo], algo_values, algo)

@@ -43,8 +43,9 @@ def run_sweep(
     """Run (or skip) each run, keeping the sweep record ``record`` up to date (``SweepRecord``).
     A finished run is skipped unless it is stale or ``force`` (``sweeps.one.mark_redo``).
 
-    ``jobs`` > 1 runs that many at once in worker processes (``sweeps.parallel``), each with
-    ``max(1, threads // jobs)`` threads; ``report`` then comes in completion order. A
+    ``jobs`` > 1 runs that many at once in worker processes (``sweeps.parallel``), each with the
+    threads its config holds (``expand_grid(base, grid, jobs)`` gives each ``max(1, threads //
+    jobs)``); ``report`` then comes in completion order. A
     KeyboardInterrupt marks the current run(s) ``interrupted`` (their folders lack summary.json,
     so the next sweep redoes them), writes the record and propagates.
     """

@@ -1,7 +1,9 @@
 """A sweep's runs in parallel worker processes (``pflbench sweep --jobs N``).
 
 Each run goes to a fresh ``spawn``-ed process (no state shared with the driver or other runs)
-with ``threads // N`` threads, so N runs share the cores instead of oversubscribing them. A
+with the threads its config holds: ``threads // N`` when the grid was expanded for N jobs
+(``sweeps.grid.expand_grid(..., jobs=N)``, before the runs are named: the count that shapes
+the numbers is part of the run identity), so N runs share the cores instead of oversubscribing them. A
 run's numbers do not depend on the process it runs in: ``--jobs N`` writes the same metrics as
 ``--jobs 1`` (at equal threads per run). The driver keeps the sweep record; a worker writes its
 run's folder (and ``error.json`` when the run raises), as a sequential sweep does.
@@ -14,7 +16,6 @@ algorithm and the faster one's worker sat idle at the end (8 runs of 16.6 s: 12 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import multiprocessing
 import os
@@ -28,7 +29,6 @@ from typing import Any
 from pflbench.registry import load_plugin_file
 from pflbench.sweeps.one import outcome_of, run_one
 from pflbench.sweeps.record import write_error
-from pflbench.util.threads import threads_per_job
 
 _LOADED_PLUGINS: set[str] = set()
 
@@ -64,12 +64,6 @@ def run_in_worker(run: Any, plugins: tuple[str, ...]) -> tuple[str, dict[str, An
     except Exception as error:  # recorded like a sequential sweep's failure
         status, message = outcome_of(run, error)
         return status, None, message
-
-
-def with_job_threads(run: Any, jobs: int) -> Any:
-    """``run`` with its share of the threads (``--threads`` is not part of the run identity)."""
-    run.config = dataclasses.replace(run.config, threads=threads_per_job(run.config.threads, jobs))
-    return run
 
 
 def die_with_parent(parent: int) -> None:
@@ -128,7 +122,7 @@ def _run_pool(
         while pending or in_flight:
             while pending and len(in_flight) < width:
                 index, run = pending.pop(0)
-                in_flight[pool.submit(run_in_worker, with_job_threads(run, jobs), plugins)] = (index, run)
+                in_flight[pool.submit(run_in_worker, run, plugins)] = (index, run)
             done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
             broken = False
             for future in done:

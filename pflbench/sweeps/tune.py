@@ -380,6 +380,8 @@ def run_study(
 ) -> dict[str, Any]:
     """Run the study's remaining trials, then the best setting over the seeds; returns the record."""
     optuna = require_optuna()
+    if ray is None and jobs > 1:  # each trial's share of the threads, before its run is named
+        plan.base = dataclasses.replace(plan.base, threads=threads_per_job(plan.base.threads, jobs))
     if plan.force:  # --force redoes everything: the study starts over, its trials run again
         for suffix in (".journal", ".json"):
             plan.path(suffix).unlink(missing_ok=True)
@@ -454,7 +456,6 @@ def _trials_in_pool(
         while asked < todo or in_flight:
             while asked < todo and len(in_flight) < jobs:
                 trial, run = ask()
-                run.config = dataclasses.replace(run.config, threads=threads_per_job(run.config.threads, jobs))
                 in_flight[pool.submit(_trial_in_worker, plan, trial._trial_id, run, plugins)] = trial
                 asked += 1
             done, _ = wait(in_flight, return_when=FIRST_COMPLETED)

@@ -6,7 +6,9 @@ node, a parallel sweep, other users) torch's worker threads spin and wait on eac
 operation: a run that takes 2 s per round alone took 100 s next to a few busy processes. So a run
 uses ``--threads 1`` unless told otherwise; 0 means torch's own default (all usable cores), for a
 large model on a machine of its own. A parallel sweep (``--jobs N``) gives each run
-``max(1, threads // N)`` threads (``threads_per_job``).
+``max(1, threads // N)`` threads (``threads_per_job``). The count changes a CPU run's numbers in
+the last bits (torch's reductions split work by thread), so it is part of the run identity and
+of the pretrained-backbone cache key (``config.identity.cpu_threads``).
 """
 
 from __future__ import annotations

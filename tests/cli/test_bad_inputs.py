@@ -67,6 +67,11 @@ CASES = [
     (RUN + ["--threads", "100000"], "--threads must be in [0, 1024]"),
     (RUN + ["--device", "mps"], "MPS (Apple GPU) is not available on this machine"),
     (RUN + ["--pretrain-epochs", "5"], "--pretrain-epochs 5 would be ignored"),
+    (RUN + ["--ray-workers", "4"], "--ray-workers 4 would be ignored: --executor sequential starts no Ray actors"),
+    (RUN + ["--ray-address", "auto"], "--ray-address auto would be ignored: --executor sequential joins no Ray"),
+    (RUN + ["--mlflow-uri", "sqlite:///x.db"], "--mlflow-uri sqlite:///x.db would be ignored"),
+    (RUN + ["--log", "tensorboard", "--mlflow-uri", "sqlite:///x.db"], "without --log mlflow"),
+    (SWEEP + ["--algos", "fedavg", "--ray-workers", "2"], "--ray-workers 2 would be ignored"),
     # run: outputs
     (RUN + ["--out", "FILE"], "cannot write FILE: it is a file"),
     (RUN + ["--out", "FILE/below"], "cannot write FILE/below"),

@@ -42,6 +42,8 @@ def test_quiet_pretraining_gives_the_same_backbone_as_shown_pretraining(tmp_path
     """The per-epoch held-back accuracy is computed only when shown; it must not change the weights."""
     import torch
 
+    from pflbench.util import cache
+
     monkeypatch.setenv("PFLBENCH_PROGRESS_EVERY", "0")
     files = []
     for name, quiet in (("shown", []), ("quiet", ["--quiet"])):
@@ -49,7 +51,7 @@ def test_quiet_pretraining_gives_the_same_backbone_as_shown_pretraining(tmp_path
         result = CliRunner().invoke(cli, [*TINY_LORA, "--out", str(tmp_path / f"out-{name}"), *quiet])
         assert result.exit_code == 0, result.output
         (path,) = (tmp_path / name / "backbones").glob("*.pt")
-        files.append(torch.load(path, weights_only=False)["state_dict"])
+        files.append(cache.load_entry(path)[0])
     shown, quiet_state = files
     assert shown.keys() == quiet_state.keys() and len(shown) > 10
     for key in shown:

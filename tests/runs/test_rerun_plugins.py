@@ -108,7 +108,8 @@ def test_a_run_recorded_before_validation_splits_reruns_without_one(tmp_path: Pa
     that run did), not today's default 0.1, which would change its partition and numbers."""
     from pflbench.runs.rerun import read_recorded_run
 
-    (tmp_path / "config.json").write_text('{"algo": "fedavg", "dataset": "digits", "seed": 3}')
+    settings = '"algo": "fedavg", "dataset": "digits", "partition": "dirichlet", "rounds": 2, "seed": 3'
+    (tmp_path / "config.json").write_text("{" + settings + "}")
     assert read_recorded_run(tmp_path).config.val_frac == 0.0
-    (tmp_path / "config.json").write_text('{"algo": "fedavg", "dataset": "digits", "val_frac": 0.2}')
+    (tmp_path / "config.json").write_text("{" + settings + ', "val_frac": 0.2}')
     assert read_recorded_run(tmp_path).config.val_frac == 0.2

@@ -21,21 +21,51 @@ from pflbench.util.threads import threads_per_job, usable_cores
 TIMING = {"round_time_s", "eval_time_s", "peak_mem_mb", "wall_time_s", "run_dir"}
 
 
-def test_threads_default_is_one_recorded_and_not_part_of_the_identity(tmp_path) -> None:
+def test_threads_default_is_one_recorded_and_part_of_the_identity_on_the_cpu(tmp_path) -> None:
+    """The thread count changes the numbers in the last bits (issue 25), so a run with 2
+    threads is another run than one with 1: another folder (1 is left out of the identity,
+    so older folders keep their names); on an accelerator the CPU threads do not count."""
     assert RunConfig.threads == 1
     config = RunConfig(model="mlp", num_clients=3, rounds=1, out=str(tmp_path), threads=2)
     algorithm = ALGORITHMS.get("fedavg")
     hparams = algorithm.hyperparameters()
     config, _ = resolve(config, algorithm, hparams)
-    assert run_identity(config, algorithm, hparams) == run_identity(
-        dataclasses.replace(config, threads=1), algorithm, hparams
+    one = run_identity(dataclasses.replace(config, threads=1), algorithm, hparams)
+    assert run_identity(config, algorithm, hparams) == {**one, "threads": 2} and "threads" not in one
+    on_gpu = dataclasses.replace(config, device="cuda")
+    assert run_identity(on_gpu, algorithm, hparams) == run_identity(
+        dataclasses.replace(on_gpu, threads=1), algorithm, hparams
     )
     try:
         prepared = prepare(config)
         assert torch.get_num_threads() == 2 and prepared.resolved["threads"] == 2
-        assert config_record(prepared)["threads"] == 2
+        assert config_record(prepared)["threads"] == 2 and config_record(prepared)["identity"]["threads"] == 2
     finally:
         torch.set_num_threads(1)
+
+
+def test_threads_0_is_recorded_as_the_count_it_meant(tmp_path) -> None:
+    """``rerun`` reads config.json's ``threads``: it must be the count that shaped the numbers,
+    not 0 (every core of whichever machine reruns it)."""
+    from pflbench.runs.prepare import plan_run
+
+    plan = plan_run(RunConfig(model="mlp", num_clients=3, rounds=1, out=str(tmp_path), threads=0))
+    assert plan.config.threads == usable_cores()
+
+
+def test_a_parallel_sweep_names_its_runs_by_the_threads_each_gets(tmp_path) -> None:
+    """--jobs 2 --threads 2 runs each run with 1 thread: the folders of --jobs 1 --threads 1;
+    --jobs 1 --threads 2 runs with 2 threads: other folders."""
+    grid = Grid(("fedavg", "fedper"), ("digits",), (0.5,), (0,))
+
+    def names(threads: int, jobs: int) -> list[str]:
+        base = RunConfig(model="mlp", num_clients=3, rounds=1, out=str(tmp_path), threads=threads)
+        runs = expand_grid(base, grid, jobs)
+        assert all(run.config.threads == threads_per_job(threads, jobs) for run in runs)
+        return [run.name for run in runs]
+
+    assert names(2, 2) == names(1, 1) and names(4, 2) == names(2, 1)
+    assert set(names(2, 1)).isdisjoint(names(1, 1))
 
 
 def test_threads_per_job_splits_the_total() -> None:
