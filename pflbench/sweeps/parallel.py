@@ -27,6 +27,8 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from pflbench.registry import load_plugin_file
+from pflbench.store.layout import SUMMARY_FILE
+from pflbench.store.reader import read_json
 from pflbench.sweeps.one import outcome_of, run_one
 from pflbench.sweeps.record import write_error
 
@@ -97,6 +99,12 @@ def run_parallel(
     while waiting:
         suspects, waiting = _run_pool(waiting, jobs, jobs, plugins, finished)
         for suspect in suspects:  # alone: a pool that breaks now names the run that broke it
+            index, run = suspect
+            summary = read_json(run.run_dir / SUMMARY_FILE) if getattr(run, "redo", None) is None else None
+            if isinstance(summary, dict):  # it completed (published) just as the pool broke
+                run.status = "done"
+                finished(index, run, summary)
+                continue
             died_alone, _ = _run_pool([suspect], 1, jobs, plugins, finished)
             for index, run in died_alone:
                 run.status, run.error = "failed", "its worker process died (killed: out of memory?)"
