@@ -61,6 +61,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     [
         (("run", "--help"), ("[default: 0.5]", "--mu", "fedprox: 0.01", "--head-epochs")),
         (("sweep", "--help"), ("--algos", "--mu", "fedprox: 0.01")),
+        (("tune", "--help"), ("--space", "--objective", "--allow-test-selection", "--mu")),
         (("run", "--algo", "fedrep", "--help"), ("--head-epochs",)),
         (("list",), ("fedprox", "digits")),
         (("list", "algorithms"), ("scaffold",)),
