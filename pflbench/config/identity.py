@@ -88,7 +88,8 @@ def run_identity(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dic
         "model_options": config.model_options(),
         "rounds": config.rounds,
         "frac": config.frac,
-        "eval_every": config.resolved_eval_every,
+        # every N ≥ rounds evaluates only after the last round: one run, one identity
+        "eval_every": min(config.resolved_eval_every, config.rounds),
         **config.local_spec.identity(),
         "device": config.device.split(":")[0],
         "algo_hparams": dataclasses.asdict(hyperparameters),

@@ -118,3 +118,17 @@ def test_a_setting_the_identity_omits_at_its_default_is_labelled_with_it(tmp_pat
         assert result.exit_code == 0, result.output
     labels = sorted(row_labels(load_runs(tmp_path)).values())
     assert labels == ["FedAvg (executor=sequential)", "FedAvg (executor=vmap)"]  # not "executor=none"
+
+
+def test_evaluating_every_n_rounds_with_n_at_least_rounds_is_one_run() -> None:
+    """--eval-every 50 and 100 on a 50-round run both evaluate only after the last round: one
+    identity (they used to get two folders for the same numbers); 25 evaluates twice: another."""
+    fedavg = ALGORITHMS.get("fedavg")
+
+    def name(eval_every: int) -> str:
+        config, _ = resolve(
+            RunConfig(algo="fedavg", rounds=50, eval_every=eval_every), fedavg, fedavg.hyperparameters()
+        )
+        return run_name(config, fedavg, fedavg.hyperparameters())
+
+    assert name(50) == name(100) == name(1000) != name(25)
