@@ -167,10 +167,9 @@ def test_proposals_from_a_float_range_run_rounded_to_three_digits() -> None:
     assert rounded_setting(space, {"lr": 0.29996, "mu": 0.01, "local_epochs": 1})["lr"] == 0.3  # kept in range
 
 
-def test_trials_in_worker_processes_report_to_the_study(tmp_path: Path) -> None:
-    """--jobs 2: two trials at once in spawned workers, each reopening the study's journal to
-    report its per-round validation accuracy (what the median pruner reads)."""
-    args = [
+def grid_of_two_lrs(out: Path, *extra: str) -> list[str]:
+    """A FedAvg study on seed 0 over lr ∈ {0.05, 0.2} (grid sampler), into ``out``."""
+    return [
         "tune",
         "--algos",
         "fedavg",
@@ -181,15 +180,16 @@ def test_trials_in_worker_processes_report_to_the_study(tmp_path: Path) -> None:
         "lr=0.05,0.2",
         "--sampler",
         "grid",
-        "--pruner",
-        "none",
-        "--jobs",
-        "2",
-        "--threads",
-        "2",
+        *extra,
         "--out",
-        str(tmp_path),
+        str(out),
     ]
+
+
+def test_trials_in_worker_processes_report_to_the_study(tmp_path: Path) -> None:
+    """--jobs 2: two trials at once in spawned workers, each reopening the study's journal to
+    report its per-round validation accuracy (what the median pruner reads)."""
+    args = grid_of_two_lrs(tmp_path, "--pruner", "none", "--jobs", "2", "--threads", "2")
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     (record_path,) = (tmp_path / "tune").glob("*.json")
@@ -209,23 +209,7 @@ def test_trials_as_ray_tasks(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    args = [
-        "tune",
-        "--algos",
-        "fedavg",
-        *TINY,
-        "--seeds",
-        "0",
-        "--space",
-        "lr=0.05,0.2",
-        "--sampler",
-        "grid",
-        "--ray",
-        "--jobs",
-        "2",
-        "--out",
-        str(tmp_path),
-    ]
+    args = grid_of_two_lrs(tmp_path, "--ray", "--jobs", "2")
     done = subprocess.run(
         [sys.executable, "-c", "from pflbench.cli import main; main()", *args],
         capture_output=True,
