@@ -298,6 +298,21 @@ def describe(registry: Registry, plugin_files: tuple[str, ...] = ()) -> dict[str
     return dict(sorted(described.items()))
 
 
+def algorithm_families(plugin_files: tuple[str, ...] = ()) -> dict[str, str]:
+    """Algorithm name → its ``method_family`` literal ("" when its source does not assign one),
+    read like ``describe`` (``--plugin`` files loaded already: from the registry)."""
+    families: dict[str, str] = {}
+    for _module, origin in _entry_point_sources(ALGORITHMS) + [(str(p), str(p)) for p in plugin_files]:
+        if origin in plugin_files or not _static_plugins(origin, ALGORITHMS.kind):
+            items = ALGORITHMS._items.items()
+            families.update((n, str(getattr(c, "method_family", ""))) for n, c in items if n not in families)
+            continue
+        for plugin in _static_plugins(origin, ALGORITHMS.kind):
+            family = plugin.attributes.get("method_family", "")
+            families[plugin.name] = family if isinstance(family, str) else ""
+    return families
+
+
 def _static_algorithms() -> tuple[dict[str, tuple[str, StaticPlugin]], list[str]]:
     """(name → (module, what its source says) of every algorithm an entry point registers
     readably, the modules whose registrations cannot be read)."""

@@ -116,6 +116,7 @@ class APFL(Algorithm[APFLHyperparameters]):
 
     display_name = "APFL"
     paper = "Deng et al., arXiv:2003.13461, 2020"
+    method_family = "model_combination"
     hyperparameters = APFLHyperparameters
     program_class = APFLProgram
 

@@ -120,6 +120,7 @@ class Ditto(Algorithm[DittoHyperparameters]):
 
     display_name = "Ditto"
     paper = "Li et al., ICML 2021"
+    method_family = "regularization"
     hyperparameters = DittoHyperparameters
     program_class = DittoProgram
 

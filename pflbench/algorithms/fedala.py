@@ -184,6 +184,7 @@ class FedALA(Algorithm[FedALAHyperparameters]):
 
     display_name = "FedALA"
     paper = "Zhang et al., AAAI 2023"
+    method_family = "model_combination"
     hyperparameters = FedALAHyperparameters
     program_class = FedALAProgram
 

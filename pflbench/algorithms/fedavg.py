@@ -19,3 +19,4 @@ class FedAvg(Algorithm):
 
     display_name = "FedAvg"
     paper = "McMahan et al., AISTATS 2017"
+    method_family = "global"

@@ -65,6 +65,7 @@ class FedBABU(Algorithm[FedBABUHyperparameters]):
 
     display_name = "FedBABU"
     paper = "Oh et al., ICLR 2022"
+    method_family = "decoupling"
     hyperparameters = FedBABUHyperparameters
     program_class = FedBABUProgram
     uses_head_layers = True

@@ -57,6 +57,7 @@ class FedBN(Algorithm):
 
     display_name = "FedBN"
     paper = "Li et al., ICLR 2021"
+    method_family = "decoupling"
     has_global_model = False  # the shared weights need a client's BN layers to predict
 
     @classmethod

@@ -132,6 +132,7 @@ class FedDyn(Algorithm[FedDynHyperparameters]):
 
     display_name = "FedDyn"
     paper = "Acar et al., ICLR 2021"
+    method_family = "global"
     hyperparameters = FedDynHyperparameters
     program_class = FedDynProgram
     checkpoint_attributes = ("h",)  # server state across rounds (checkpoints)

@@ -21,6 +21,7 @@ class FedPer(Algorithm):
 
     display_name = "FedPer"
     paper = "Arivazhagan et al., arXiv:1912.00818, 2019"
+    method_family = "decoupling"
     has_global_model = False  # a body without a head has no accuracy of its own
     uses_head_layers = True
 

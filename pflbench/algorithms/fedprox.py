@@ -45,6 +45,7 @@ class FedProx(FedAvg):
 
     display_name = "FedProx"
     paper = "Li et al., MLSys 2020"
+    method_family = "regularization"
     hyperparameters = FedProxHyperparameters
     program_class = FedProxProgram
 

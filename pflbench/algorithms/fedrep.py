@@ -42,6 +42,7 @@ class FedRep(FedPer):
 
     display_name = "FedRep"
     paper = "Collins et al., ICML 2021"
+    method_family = "decoupling"
     hyperparameters = FedRepHyperparameters
     program_class = FedRepProgram
 

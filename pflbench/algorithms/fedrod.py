@@ -103,6 +103,7 @@ class FedRoD(Algorithm):
 
     display_name = "FedRoD"
     paper = "Chen & Chao, ICLR 2022"
+    method_family = "decoupling"
     program_class = FedRoDProgram
 
     @classmethod

@@ -260,6 +260,7 @@ class FedSDG(Algorithm[FedSDGHyperparameters]):
 
     display_name = "FedSDG"
     paper = "pflbench's FedSDG (README, FedSDG section)"
+    method_family = "low_rank"
     hyperparameters = FedSDGHyperparameters
     program_class = FedSDGProgram
 

@@ -195,6 +195,7 @@ class FlexLoRA(Algorithm[FlexLoRAHyperparameters]):
 
     display_name = "FlexLoRA"
     paper = "Bai et al., NeurIPS 2024"
+    method_family = "low_rank"
     hyperparameters = FlexLoRAHyperparameters
     program_class = FlexLoRAProgram
     checkpoint_attributes = ("diagnostics",)

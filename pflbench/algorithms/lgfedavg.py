@@ -29,6 +29,7 @@ class LGFedAvg(Algorithm):
 
     display_name = "LG-FedAvg"
     paper = "Liang et al., arXiv:2001.01523, 2020"
+    method_family = "decoupling"
     has_global_model = False  # the global part is only the head
     uses_head_layers = True
 

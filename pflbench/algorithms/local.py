@@ -19,6 +19,7 @@ class Local(Algorithm):
 
     display_name = "Local"
     paper = "baseline: no communication"
+    method_family = "local"
     has_global_model = False
 
     def select_shared(self, names: list[str]) -> list[str]:

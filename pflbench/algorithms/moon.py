@@ -141,6 +141,7 @@ class Moon(Algorithm[MoonHyperparameters]):
 
     display_name = "MOON"
     paper = "Li et al., CVPR 2021"
+    method_family = "global"
     hyperparameters = MoonHyperparameters
     program_class = MoonProgram
 

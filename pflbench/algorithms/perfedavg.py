@@ -147,6 +147,7 @@ class PerFedAvg(Algorithm[PerFedAvgHyperparameters]):
 
     display_name = "Per-FedAvg"
     paper = "Fallah et al., NeurIPS 2020"
+    method_family = "meta_learning"
     hyperparameters = PerFedAvgHyperparameters
     program_class = PerFedAvgProgram
 

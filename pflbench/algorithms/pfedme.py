@@ -173,6 +173,7 @@ class PFedMe(Algorithm[PFedMeHyperparameters]):
 
     display_name = "pFedMe"
     paper = "T. Dinh et al., NeurIPS 2020"
+    method_family = "regularization"
     hyperparameters = PFedMeHyperparameters
     program_class = PFedMeProgram
 

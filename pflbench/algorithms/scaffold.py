@@ -158,6 +158,7 @@ class Scaffold(Algorithm[ScaffoldHyperparameters]):
 
     display_name = "SCAFFOLD"
     paper = "Karimireddy et al., ICML 2020"
+    method_family = "global"
     hyperparameters = ScaffoldHyperparameters
     program_class = ScaffoldProgram
     checkpoint_attributes = ("control",)  # server state across rounds (checkpoints)

@@ -146,6 +146,9 @@ class Algorithm(Generic[H]):
     has_global_model: ClassVar[bool] = True  # False: global_acc is reported as null
     display_name: ClassVar[str | None] = None  # e.g. "FedAvg" (tables); default: the name
     paper: ClassVar[str] = ""  # the citation `pflbench list` shows
+    # The survey's family (``report.families.METHOD_FAMILIES`` key, e.g. "clustering"): `pflbench
+    # list` groups by it. A literal in the registered class's own body (read without importing).
+    method_family: ClassVar[str] = ""
     uses_head_layers: ClassVar[bool] = False  # reads --head-layers (part of the run identity)
     # Per-client state that is not part of the model (control variates, a second model, ...)
     # must say whether the personal model is still the received/global one. See personal_model.
