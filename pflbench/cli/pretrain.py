@@ -50,7 +50,10 @@ def pretrain_command(**values: Any) -> None:
         f"{len(public)} public samples of {config.dataset} ({backbone.num_train} train / "
         f"{backbone.num_val} held back): held-back accuracy {backbone.val_accuracy:.4f}"
     )
-    click.echo(f"weights: {backbone.path}")
+    written = backbone.content is None
+    click.echo(
+        f"weights: {backbone.path}" if written else f"weights: not written ({backbone.path} could not be written)"
+    )
 
 
 def _pretrain_options() -> list[click.Option]:

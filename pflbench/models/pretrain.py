@@ -34,6 +34,7 @@ from pflbench.data.partitioners import split_train_test
 from pflbench.errors import ConfigError
 from pflbench.models.zoo import build_model, head_parameter_names, load_weights
 from pflbench.util import cache, progress
+from pflbench.util.atomic import atomic_write_bytes, remove_stale_temporaries
 from pflbench.util.hashing import settings_hash
 from pflbench.util.seeding import derive_seed, rng_stream
 
@@ -88,6 +89,7 @@ class PretrainedBackbone:
     num_train: int
     num_val: int
     from_cache: bool
+    content: bytes | None = None  # the entry's bytes when its cache file could not be written
 
 
 def train_centrally(model: nn.Module, data: FederatedData, epochs: int, lr: float, generator: torch.Generator) -> None:
@@ -155,24 +157,43 @@ def pretrain_backbone(
     meta = {"key": key, "val_accuracy": accuracy, "num_train": len(train[0]), "num_val": len(val[0])}
     head = head_parameter_names(model)
     backbone = {n: t.cpu() for n, t in model.state_dict().items() if n not in head}
-    cache.save_entry(path, backbone, json.loads(json.dumps(meta, default=str)))  # the run loads it from there
+    content = cache.entry_bytes(backbone, json.loads(json.dumps(meta, default=str)))
+    try:
+        atomic_write_bytes(path, content)  # the run loads it from there
+    except OSError as error:  # a full or read-only cache costs the next run's time, not this run
+        cache.warn(
+            f"could not write the pretrained backbone to the cache ({path}: {error.strerror or error}); "
+            "this run uses it from memory, the next one pretrains again"
+        )
+        return PretrainedBackbone(path, accuracy, len(train[0]), len(val[0]), False, content)
+    remove_stale_temporaries(path)
     return PretrainedBackbone(path, accuracy, len(train[0]), len(val[0]), False)
+
+
+@dataclass(frozen=True)
+class InitialWeights:
+    """The weights file a run starts from (``path`` None: hub or random init), how it was
+    obtained (``record``), and its bytes when they exist only in memory (``content``)."""
+
+    path: Path | None
+    record: dict[str, Any]
+    content: bytes | None = None
 
 
 def initial_weights(
     config: RunConfig, dataset: TensorDataset, public: np.ndarray, device: torch.device, uses_lora: bool
-) -> tuple[Path | None, dict[str, Any]]:
-    """The weights file the run starts from (None: hub or random init) and how it was obtained.
+) -> InitialWeights:
+    """The weights the run starts from and how they were obtained.
 
     ``--backbone auto``: ``--weights`` or ``--pretrained`` if given, else a LoRA run pretrains on
     the public fraction and any other run starts at random.
     """
     if config.weights:
-        return Path(config.weights), {"source": f"file:{config.weights}"}
+        return InitialWeights(Path(config.weights), {"source": f"file:{config.weights}"})
     if config.pretrained:
-        return None, {"source": f"hub:{config.model}"}
+        return InitialWeights(None, {"source": f"hub:{config.model}"})
     if config.backbone == "random" or (config.backbone == "auto" and not uses_lora):
-        return None, {"source": "random init"}
+        return InitialWeights(None, {"source": "random init"})
     if config.public_frac <= 0:
         raise ConfigError(
             "LoRA on a random frozen backbone barely learns: give --public-frac F (e.g. 0.2) to "
@@ -180,7 +201,10 @@ def initial_weights(
             "or --backbone random to accept a random init"
         )
     backbone = pretrain_backbone(config, dataset, public, device)
-    return backbone.path, {
+    cache_state = (
+        "hit" if backbone.from_cache else "created" if backbone.content is None else "not written (kept in memory)"
+    )
+    record = {
         "source": (
             f"pretrained on public fraction {config.public_frac:g} of {config.dataset} "
             f"({backbone.num_train} train / {backbone.num_val} held-back samples, "
@@ -188,17 +212,19 @@ def initial_weights(
             f"cached at {backbone.path}"
         ),
         "public_val_acc": backbone.val_accuracy,
-        "cache": "hit" if backbone.from_cache else "created",
+        "cache": cache_state,
     }
+    return InitialWeights(backbone.path, record, backbone.content)
 
 
 def load_initial_weights(
-    model: nn.Module, path: Path | None, record: dict[str, Any], config: RunConfig, public: np.ndarray
+    model: nn.Module, weights: InitialWeights, config: RunConfig, public: np.ndarray
 ) -> dict[str, Any]:
-    """Load ``path`` (if any) into ``model``; refuse a backbone pretrained on this run's client data."""
+    """Load ``weights`` (if any) into ``model``; refuse a backbone pretrained on this run's client data."""
+    path, record = weights.path, weights.record
     if path is None:
         return record
-    loaded = load_weights(model, path)
+    loaded = load_weights(model, path, weights.content)
     key = loaded.pop("meta").get("key", {})
     if key.get("dataset") == config.dataset and key.get("public_indices") != indices_digest(public):
         raise ConfigError(

@@ -8,6 +8,7 @@ from parameter names. timm models get the same declaration from their module tre
 from __future__ import annotations
 
 import hashlib
+import io
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -252,18 +253,20 @@ def _model_option_error(name: str, options: dict[str, Any], error: BaseException
     return ConfigError(f"--model-option for model {name!r} (given: {given}) does not build a model: {reason}")
 
 
-def load_weights(model: nn.Module, path: str | Path) -> dict[str, Any]:
+def load_weights(model: nn.Module, path: str | Path, content: bytes | None = None) -> dict[str, Any]:
     """Load a state dict file (raw, or ``{"state_dict": ..., "meta": ...}``) into ``model``.
 
     Every tensor must fit, except the classifier head: one of another shape is skipped and a
     file without one (a backbone) is fine; the model then keeps its fresh head. Returns what was
     done: ``head`` ("loaded" or why it is fresh), ``sha256`` of the file and the file's ``meta``.
+    ``content``: the file's bytes held in memory (a backbone whose cache file could not be
+    written); ``path`` then only names it in messages.
     """
     path = Path(path)
-    if not path.is_file():
+    if content is None and not path.is_file():
         raise ConfigError(f"--weights {str(path)!r} is not a file")
     try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
+        saved = torch.load(io.BytesIO(content) if content is not None else path, map_location="cpu", weights_only=True)
     except Exception as error:  # any unreadable file is bad user input here
         raise ConfigError(f"--weights {str(path)!r} is not a readable state dict: {error}") from error
     if not isinstance(saved, dict):
@@ -291,7 +294,7 @@ def load_weights(model: nn.Module, path: str | Path) -> dict[str, Any]:
     else:
         in_file = all(n in state for n in head if n in own)
         head_note = "loaded" if in_file else "not in the file: freshly initialised"
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = hashlib.sha256(content if content is not None else path.read_bytes()).hexdigest()
     return {"head": head_note, "sha256": digest, "meta": meta}
 
 

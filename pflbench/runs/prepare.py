@@ -165,12 +165,12 @@ def prepare(
     split = make_partition(config.partition_spec, dataset)
     if config.init_spec.pretrains(uses_lora):
         check_model(config, algorithm_class, hparams, dataset)
-    weights, backbone = initial_weights(config, dataset, split.public, device, uses_lora)
+    weights = initial_weights(config, dataset, split.public, device, uses_lora)
     torch.manual_seed(derive_seed(config.seed, "init"))
     model = build_model(
         config.model, dataset.input_shape, dataset.num_classes, pretrained=config.pretrained, **config.model_options()
     )
-    resolved["backbone"] = load_initial_weights(model, weights, backbone, config, split.public)
+    resolved["backbone"] = load_initial_weights(model, weights, config, split.public)
     resolved.update(algorithm_class.configure_model(model, config, hparams))
     model.to(device)
     data = FederatedData(dataset, split.train, split.test, device, split.val)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import shutil
 import sys
 import tempfile
 import traceback
@@ -107,6 +108,33 @@ def _load_plugins(plugin_sources: list[tuple[str, bytes]]) -> None:
         _LOADED_PLUGINS[digest, driver_path] = str(path)
 
 
+RUN_FOLDER_PREFIX = "pflbench-run-"  # + the worker's pid: a folder whose process is gone is an orphan
+
+
+def remove_orphaned_run_folders(root: Path | None = None) -> list[Path]:
+    """Delete the temporary run folders of workers that died mid-run (a SIGTERM'd or killed Ray
+    worker skips the ``TemporaryDirectory`` clean-up): those whose pid no longer runs on this
+    machine. Called by every task before it starts, so a machine holds at most the live ones."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{RUN_FOLDER_PREFIX}*-*"):
+        pid = folder.name[len(RUN_FOLDER_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit() or _process_alive(int(pid)):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
 def run_task(
     config: RunConfig,
     algo_options: dict[str, Any],
@@ -127,7 +155,8 @@ def run_task(
     node = ray.get_runtime_context().get_node_id()
     worker = f"{socket.gethostname()} (node {node[:8]})"
     result: dict[str, Any] = {"status": "done", "summary": None, "error": None, "files": {}, "worker": worker}
-    with tempfile.TemporaryDirectory(prefix="pflbench-run-") as temporary:
+    remove_orphaned_run_folders()
+    with tempfile.TemporaryDirectory(prefix=f"{RUN_FOLDER_PREFIX}{os.getpid()}-") as temporary:
         run_dir = Path(temporary) / name
         saved_argv, sys.argv = sys.argv, list(argv)  # config.json records the driver's command
         try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -64,6 +65,16 @@ def json_safe(value: Any) -> bool:
         return json.loads(json.dumps(value, allow_nan=True)) == value
     except (TypeError, ValueError):
         return False
+
+
+def entry_bytes(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> bytes:
+    """The bytes of a verified entry (what ``save_entry`` writes). ``meta`` must be JSON-safe."""
+    if not json_safe(meta):
+        raise ValueError("cache metadata is not JSON-safe")
+    tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()}
+    buffer = io.BytesIO()
+    torch.save({"state_dict": tensors, "meta": {**meta, HASH_KEY: content_hash(tensors, meta)}}, buffer)
+    return buffer.getvalue()
 
 
 def save_entry(path: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from pathlib import Path
@@ -236,6 +237,37 @@ def test_a_bad_backbone_cache_entry_is_reported_and_retrained(fresh_cache: Path,
     third = pretrain_backbone(config, dataset, public, torch.device("cpu"))
     assert not third.from_cache and not (second.path.parent / "PWNED").exists()
     assert str(second.path) in capsys.readouterr().err
+
+
+def test_a_backbone_that_cannot_be_cached_is_used_from_memory(
+    fresh_cache: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pflbench.models import pretrain
+    from pflbench.runs.api import run_experiment
+
+    settings = dict(
+        algo="flexlora", dataset="digits", model="mlp", num_clients=3, rounds=1, public_frac=0.1,
+        pretrain_epochs=1, lora_targets="fc1,fc2", backbone="public",
+    )  # fmt: skip
+    cached = run_experiment(RunConfig(out=str(tmp_path / "cached"), **settings))
+    for entry in (cache_dir() / "backbones").iterdir():
+        entry.unlink()
+
+    def full_disk(path, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pretrain, "atomic_write_bytes", full_disk)
+    capsys.readouterr()
+    in_memory = run_experiment(RunConfig(out=str(tmp_path / "memory"), **settings))
+    (line,) = warning_lines(capsys.readouterr().err)
+    assert "could not write the pretrained backbone" in line and "No space left" in line
+    assert not list((cache_dir() / "backbones").iterdir())
+    assert in_memory["pers_acc"] == cached["pers_acc"]  # the same weights, from memory
+    (folder,) = (tmp_path / "memory" / "runs").iterdir()
+    backbone = json.loads((folder / "config.json").read_text())["resolved"]["backbone"]
+    (cached_folder,) = (tmp_path / "cached" / "runs").iterdir()
+    cached_backbone = json.loads((cached_folder / "config.json").read_text())["resolved"]["backbone"]
+    assert backbone["cache"] == "not written (kept in memory)" and backbone["sha256"] == cached_backbone["sha256"]
 
 
 def test_weights_file_with_a_content_hash_is_verified(tmp_path: Path) -> None:
