@@ -44,6 +44,7 @@ class Harness:
             prepared.config.federation_spec,
             num_val=prepared.data.num_val if partition.has_val else None,
             new_clients=partition.new_clients,
+            num_ood=len(partition.ood),
         )
         self.observers = self.federation.observers
 

@@ -5,7 +5,7 @@ Each client minimises the Moreau envelope F_k(w) = min_θ f_k(θ) + (λ/2)·‖�
 (the paper's Algorithm 1), for every minibatch D of ``--local-epochs`` passes (R local steps):
 
     θ̂ ≈ argmin_θ  f_k(θ; D) + (λ/2)·‖θ − w‖²    by K = ``--inner-steps`` gradient steps
-        θ ← θ − ν·(∇f_k(θ; D) + λ·(θ − w))       (ν = ``--personal-lr``; ``pfedme_inner_solve``)
+        θ ← θ − ν·(∇f_k(θ; D) + λ·(θ − w) [+ μ·θ])  (ν = ``--personal-lr``; ``pfedme_inner_solve``)
     w ← w − η·λ·(w − θ̂)                          (η = ``--lr``)
 
 λ·(w − θ̂(w)) is the gradient of the envelope F_k at w, so the w step is taken by the run's local
@@ -13,6 +13,13 @@ optimizer with that gradient (SGD gives exactly the update above). θ starts the
 received w and is warm-started from the previous batch's θ̂ (as in the authors' code). Server:
 w ← (1 − β)·w + β·Σ_k (n_k/Σn)·w_k (``pfedme_server_update``; the sample-weighted average of the
 authors' code — the paper writes the plain mean over the sampled clients).
+
+The bracketed μ·θ term (``--inner-mu`` μ, default 0 = off = the paper) is not in the paper: the
+authors' released code (``pFedMeOptimizer``, whose μ defaults to 0.001) adds it to every inner
+step, an L2 pull of θ towards 0 (weight decay of the personalized model), and PFLlib's pFedMe does
+the same. ``--inner-mu 0.001`` reproduces their inner step; it applies wherever θ̂ is solved
+(local training and new clients). At 0 the term is skipped (not added as 0), so runs that leave
+it unset keep their numbers and their run folders (``omit_at_default``).
 
 Hyperparameters (the argument defaults of the authors' released code; λ = 15 and K = 5 are also
 the paper's MNIST settings): ``--lam`` λ = 15, ``--inner-steps`` K = 5, ``--personal-lr`` ν = 0.01,
@@ -55,17 +62,19 @@ Gradient = Callable[[Tensors], tuple[torch.Tensor, Tensors]]
 
 @torch.no_grad()
 def pfedme_inner_solve(
-    gradient: Gradient, theta: Tensors, anchor: Tensors, lam: float, lr: float, steps: int
+    gradient: Gradient, theta: Tensors, anchor: Tensors, lam: float, lr: float, steps: int, mu: float = 0.0
 ) -> tuple[Tensors, torch.Tensor | None]:
-    """K steps of θ ← θ − ν·(∇f(θ) + λ·(θ − w)) from ``theta`` (w = ``anchor``); returns θ̂ and the
-    loss f at the last step's start. ``gradient(θ) -> (f(θ), ∇f(θ))``."""
+    """K steps of θ ← θ − ν·(∇f(θ) + λ·(θ − w) + μ·θ) from ``theta`` (w = ``anchor``; μ·θ only when
+    μ ≠ 0: the authors' code's term, not the paper's); returns θ̂ and the loss f at the last
+    step's start. ``gradient(θ) -> (f(θ), ∇f(θ))``."""
     loss = None
     theta = {n: t.clone() for n, t in theta.items()}
     for _ in range(steps):
         with torch.enable_grad():
             loss, task_gradient = gradient(theta)
         for n, t in theta.items():
-            t.sub_(lr * (task_gradient[n] + lam * (t - anchor[n])))
+            step = task_gradient[n] + lam * (t - anchor[n])
+            t.sub_(lr * (step + mu * t if mu else step))
     return theta, loss
 
 
@@ -93,6 +102,11 @@ class PFedMeHyperparameters:
     beta: float = option(
         1.0, "β: Per-FedAvg's outer (meta) step size; pFedMe's server mixing w ← (1 − β)·w + β·avg(w_k)."
     )
+    inner_mu: float = option(
+        0.0,
+        "μ of the μ·θ term the authors' code adds to every inner step (0 = off, the paper; their code: 0.001).",
+        omit_at_default=True,
+    )
 
     def validate(self) -> None:
         if not self.lam > 0:
@@ -103,6 +117,8 @@ class PFedMeHyperparameters:
             raise ConfigError(f"--personal-lr must be > 0, got {self.personal_lr}")
         if not self.beta > 0:
             raise ConfigError(f"--beta must be > 0, got {self.beta}")
+        if not self.inner_mu >= 0:
+            raise ConfigError(f"--inner-mu must be ≥ 0, got {self.inner_mu}")
 
 
 class PFedMeProgram(ClientProgram[PFedMeHyperparameters]):
@@ -124,6 +140,7 @@ class PFedMeProgram(ClientProgram[PFedMeHyperparameters]):
                     hparams.lam,
                     hparams.personal_lr,
                     hparams.inner_steps,
+                    hparams.inner_mu,
                 )
                 apply_gradients(optimizer, w, pfedme_envelope_gradient(w, theta, hparams.lam), spec.max_grad_norm)
                 total += loss
@@ -158,6 +175,7 @@ class PFedMeNewClientProgram(ClientProgram[PFedMeHyperparameters]):
                     hparams.lam,
                     hparams.personal_lr,
                     hparams.inner_steps,
+                    hparams.inner_mu,
                 )
                 total += loss
                 steps += 1

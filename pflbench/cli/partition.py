@@ -27,6 +27,11 @@ PARTITION_FIELDS = (
     "seed",
     "public_frac",
     "dirichlet_cut",
+    "holdout_domain",
+    "sizes",
+    "size_param",
+    "feature_shift",
+    "shift_groups",
     "partition_file",
 )
 
@@ -78,17 +83,23 @@ def partition_command(
             + (f" cut={config.dirichlet_cut}" if "dirichlet_cut" in partition_settings(config) else "")
         )
         + (f"; {len(split.public)} held out as public data" if len(split.public) else "")
+        + (f"; {len(split.ood)} samples of the held-out domain (ood_acc)" if len(split.ood) else "")
     )
     click.echo(
         f"samples/client mean {stats['samples_mean']:.1f} std {stats['samples_std']:.1f} "
         f"min {stats['samples_min']} max {stats['samples_max']}; "
         f"classes/client mean {stats['classes_per_client_mean']:.2f}"
     )
-    click.echo(f"{'client':>6} {'train':>6} {'val':>5} {'test':>5} {'classes':>7}  label histogram")
+    domains = split.domain_labels
+    click.echo(
+        f"{'client':>6} {'train':>6} {'val':>5} {'test':>5} {'classes':>7}  label histogram"
+        + ("  domain" if domains is not None else "")
+    )
     for k in range(config.num_clients):
         click.echo(
             f"{k:>6} {stats['train_samples'][k]:>6} {stats['val_samples'][k]:>5} {stats['test_samples'][k]:>5} "
             f"{stats['classes_per_client'][k]:>7}  {stats['label_histogram'][k]}"
+            + (f"  {domains[k]}" if domains is not None else "")
         )
     if save:
         from pathlib import Path
@@ -98,7 +109,16 @@ def partition_command(
         click.echo(f"saved {save}")
     if export:
         with writing(export):
-            document = partition_document(config, dataset, split.train, split.test, split.public, split.val)
+            document = partition_document(
+                config,
+                dataset,
+                split.train,
+                split.test,
+                split.public,
+                split.val,
+                ood=split.ood,
+                client_domains=split.client_domains,
+            )
             export_partition(export, document)
         click.echo(f"exported {export}")
     if plot:
@@ -109,8 +129,26 @@ def partition_command(
                 stats["label_histogram"],
                 plot,
                 title=f"{config.dataset}, {partition_text(config)}, K={config.num_clients}",
+                client_domains=domains,
             )
         click.echo(f"plot: {path}")
+        if split.feature_shift is not None:  # the shift itself: one sample under every domain
+            from pathlib import Path
+
+            from pflbench.data.feature_shift import domain_examples
+            from pflbench.report.plots import plot_domain_examples
+
+            shown = Path(path).with_name(f"{Path(path).stem}-domains{Path(path).suffix}")
+            check_writable(str(shown), kind="file")
+            sample = int(split.test[0][0])
+            with writing(str(shown)):
+                plot_domain_examples(
+                    domain_examples(split.feature_shift, dataset, sample),
+                    [split.feature_shift.domain_label(g) for g in range(len(split.feature_shift.domains))],
+                    shown,
+                    title=f"{config.dataset} sample {sample} in each domain ({config.feature_shift})",
+                )
+            click.echo(f"domains: {shown}")
 
 
 def refuse_partition_inert(values: dict[str, Any]) -> None:

@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "AvailabilitySpec",
     "ExecutorSpec",
     "FederationSpec",
     "InitSpec",
     "LocalSpec",
     "PartitionSpec",
+    "PrivacySpec",
 ]
 
 
@@ -34,6 +36,11 @@ class PartitionSpec:
     partition_file: str | None
     val_frac: float  # each client's validation split, carved out of its train split
     new_clients: float  # fraction of clients held out of training (data.partition.choose_new_clients)
+    sizes: str = "none"  # quantity skew: the size distribution (data.quantity); "none" = off
+    size_param: float = 1.0  # its parameter (β or σ)
+    feature_shift: str = ""  # comma-separated transforms (data.feature_shift); "" = off
+    shift_groups: int = 0  # domains of the feature shift; 0 = one per client
+    holdout_domain: str | None = None  # domain kept out of training for ood_acc (data.domains); None = off
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,50 @@ class InitSpec:
 
 
 @dataclass(frozen=True)
+class AvailabilitySpec:
+    """Client availability, dropout, stragglers and a deadline (``engine.availability``; field
+    names as in ``RunConfig``). At the defaults it is off: every sampled client reports."""
+
+    dropout: float = 0.0
+    availability: str = "always"
+    availability_rate: float = 0.5
+    availability_period: int = 24
+    straggler_model: str = "none"
+    straggler_sigma: float = 1.0
+    sample_time: float = 0.01
+    bandwidth: float = 1.0
+    deadline: float | None = None
+    deadline_policy: str = "drop"
+    over_select: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        """Whether anything is simulated (then rounds.jsonl records who reported and sim_time)."""
+        return (
+            self.dropout > 0
+            or self.availability != "always"
+            or self.straggler_model != "none"
+            or self.deadline is not None
+            or self.over_select > 0
+        )
+
+
+@dataclass(frozen=True)
+class PrivacySpec:
+    """Differential privacy (``engine.privacy``): ``mode`` client (DP-FedAvg) or sample (DP-SGD),
+    the clip norm C, the noise multiplier z, δ of the reported ε and adaptive clipping's target
+    quantile γ (0: fixed clip), its learning rate η_C and count noise σ_b (0: m/20)."""
+
+    mode: str
+    clip: float
+    noise: float
+    delta: float
+    adaptive_quantile: float = 0.0
+    clip_lr: float = 0.2
+    count_noise: float = 0.0
+
+
+@dataclass(frozen=True)
 class FederationSpec:
     """What the round loop reads (``engine.federation.Federation``)."""
 
@@ -62,6 +113,8 @@ class FederationSpec:
     seed: int
     finetune_epochs: int
     local: LocalSpec  # the fine-tuning of --finetune-epochs trains like a client
+    availability: AvailabilitySpec = AvailabilitySpec()  # off: every sampled client reports
+    privacy: PrivacySpec | None = None  # --dp client|sample (engine.privacy); None: off
 
 
 @dataclass(frozen=True)

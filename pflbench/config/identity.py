@@ -22,7 +22,18 @@ from pflbench.util.threads import resolved_threads
 
 # Settings a run's identity leaves out at these values (the numbers are those of the default;
 # --executor ray gives sequential's numbers too): how a table names a run that omits them.
-OMITTED_AT_DEFAULT: dict[str, Any] = {"executor": "sequential", "finetune_epochs": 0, "new_clients": 0.0, "threads": 1}
+OMITTED_AT_DEFAULT: dict[str, Any] = {
+    "executor": "sequential",
+    "finetune_epochs": 0,
+    "new_clients": 0.0,
+    "threads": 1,
+    "dp": "off",
+    # the system model (engine.availability): left out while it is off (``availability_settings``)
+    "dropout": 0.0,
+    "availability": "always",
+    "straggler_model": "none",
+    "over_select": 0.0,
+}
 RUN_HASH_LENGTH = 8  # a run folder's name ends in the first 8 characters of its identity's hash
 
 # RunConfig field → the keyword a partitioner function takes for it. A partitioner reads a
@@ -32,9 +43,13 @@ PARTITIONER_KEYWORDS: dict[str, str] = {
     "min_size": "min_size",
     "shards_per_client": "shards_per_client",
     "dirichlet_cut": "cut",
+    "holdout_domain": "holdout_domain",  # the domain partitioners (data.domains)
+    "sizes": "sizes",  # quantity skew (data.quantity): read only when not "none" (see partition_settings)
+    "size_param": "size_param",
 }
 # How a partition setting is shown in a run's name, a leaderboard column and a plot title.
 PARTITION_SETTING_LABELS: dict[str, str] = {"alpha": "α", "shards_per_client": "shards", "dirichlet_cut": "cut"}
+QUANTITY_SETTINGS = ("sizes", "size_param")  # left out of every identity at --sizes none (runs before them)
 
 
 def partition_settings(spec: PartitionSpec | RunConfig) -> dict[str, Any]:
@@ -43,7 +58,19 @@ def partition_settings(spec: PartitionSpec | RunConfig) -> dict[str, Any]:
     if spec.partition_file is not None:
         return {}
     accepted = inspect.signature(PARTITIONERS.get(spec.partition)).parameters
-    return {field: getattr(spec, field) for field, keyword in PARTITIONER_KEYWORDS.items() if keyword in accepted}
+    return {
+        field: getattr(spec, field)
+        for field, keyword in PARTITIONER_KEYWORDS.items()
+        if keyword in accepted and not (field in QUANTITY_SETTINGS and spec.sizes == "none")
+    }
+
+
+def feature_shift_settings(spec: PartitionSpec | RunConfig) -> dict[str, Any]:
+    """The feature shift a run reads (data.feature_shift): none without --feature-shift, so the
+    runs made before it keep their identities."""
+    if not spec.feature_shift:
+        return {}
+    return {"feature_shift": spec.feature_shift, "shift_groups": spec.shift_groups}
 
 
 def partitioner_arguments(spec: PartitionSpec | RunConfig) -> dict[str, Any]:
@@ -61,8 +88,8 @@ def partition_identity(spec: PartitionSpec) -> dict[str, Any]:
         "public_frac": spec.public_frac,
     }
     if spec.partition_file is not None:
-        return {**read, "partition_file": spec.partition_file}
-    return {**read, **partition_settings(spec)}
+        return {**read, "partition_file": spec.partition_file, **feature_shift_settings(spec)}
+    return {**read, **partition_settings(spec), **feature_shift_settings(spec)}
 
 
 def partition_label(spec: PartitionSpec | RunConfig) -> str:
@@ -70,7 +97,10 @@ def partition_label(spec: PartitionSpec | RunConfig) -> str:
     historical spelling of Dirichlet runs), else the partitioner's name; the folder's hash tells
     apart everything else the partition reads."""
     settings = partition_settings(spec)
-    return f"a{settings['alpha']:g}" if "alpha" in settings else spec.partition
+    label = f"a{settings['alpha']:g}" if "alpha" in settings else spec.partition
+    if "sizes" in settings:
+        label += f"-{spec.sizes}{spec.size_param:g}"
+    return label + ("-shift" if spec.feature_shift else "")
 
 
 def run_identity(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dict[str, Any]:
@@ -92,7 +122,7 @@ def run_identity(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dic
         "eval_every": min(config.resolved_eval_every, config.rounds),
         **config.local_spec.identity(),
         "device": config.device.split(":")[0],
-        "algo_hparams": dataclasses.asdict(hyperparameters),
+        "algo_hparams": hyperparameter_identity(hyperparameters),
     }
     if getattr(algorithm, "uses_head_layers", False) or lora_rank is not None:
         identity["head_layers"] = config.head_layers
@@ -102,6 +132,8 @@ def run_identity(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dic
         identity["finetune_epochs"] = config.finetune_epochs
     if config.new_clients != OMITTED_AT_DEFAULT["new_clients"]:
         identity["new_clients"] = config.new_clients
+    identity.update(availability_settings(config))  # none while it is off: older runs keep their folders
+    identity.update(privacy_settings(config))  # none without --dp: older runs keep their folders
     threads = cpu_threads(config)
     if threads is not None and threads != OMITTED_AT_DEFAULT["threads"]:
         identity["threads"] = threads
@@ -112,6 +144,88 @@ def run_identity(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dic
     if lora_rank is not None:
         identity.update(lora_rank=lora_rank, lora_alpha=config.lora_alpha, lora_targets=config.lora_targets)
     return identity
+
+
+def hyperparameter_identity(hyperparameters: Any) -> dict[str, Any]:
+    """Every hyperparameter, except one declared ``option(..., omit_at_default=True)`` while it is
+    at its default: an option added to an algorithm after runs were made, so that the runs that
+    leave it unset keep their folders (the option must then leave their numbers unchanged)."""
+    values = dataclasses.asdict(hyperparameters)
+    for field in dataclasses.fields(hyperparameters):
+        if field.metadata.get("omit_at_default") and values[field.name] == field.default:
+            del values[field.name]
+    return values
+
+
+def availability_settings(config: RunConfig) -> dict[str, Any]:
+    """The availability and system-model settings a run reads (engine.availability): none while
+    it is off (``AvailabilitySpec.active``); else each setting that applies."""
+    spec = config.availability_spec
+    if not spec.active:
+        return {}
+    read: dict[str, Any] = {"dropout": spec.dropout, "availability": spec.availability}
+    if spec.availability != "always":
+        read["availability_rate"] = spec.availability_rate
+    if spec.availability == "cyclic":
+        read["availability_period"] = spec.availability_period
+    read["straggler_model"] = spec.straggler_model
+    if spec.straggler_model != "none":
+        read["straggler_sigma"] = spec.straggler_sigma
+    read.update(sample_time=spec.sample_time, bandwidth=spec.bandwidth, deadline=spec.deadline)
+    if spec.deadline is not None:
+        read["deadline_policy"] = spec.deadline_policy
+    read["over_select"] = spec.over_select
+    return read
+
+
+def privacy_settings(config: RunConfig) -> dict[str, Any]:
+    """The differential-privacy settings a run reads (engine.privacy): none without --dp; the
+    adaptive clipping's settings only with --dp-adaptive-quantile."""
+    if config.dp == "off":
+        return {}
+    read: dict[str, Any] = {"dp": config.dp, "dp_clip": config.dp_clip, "dp_noise": config.dp_noise}
+    read["dp_delta"] = config.dp_delta  # the ε reported is part of the run's results
+    if config.dp_adaptive_quantile:
+        read.update(
+            dp_adaptive_quantile=config.dp_adaptive_quantile,
+            dp_clip_lr=config.dp_clip_lr,
+            dp_count_noise=config.dp_count_noise,
+        )
+    return read
+
+
+def privacy_inert(config: RunConfig) -> dict[str, str]:
+    """The differential-privacy settings this run does not read, each with why."""
+    read = privacy_settings(config)
+    off = "no --dp (client or sample) is set"
+    adaptive_off = "adaptive clipping is off (give --dp-adaptive-quantile with --dp client)"
+    reasons = {
+        "dp_clip": off,
+        "dp_noise": off,
+        "dp_delta": off,
+        "dp_adaptive_quantile": off if config.dp == "off" else "adaptive clipping adapts client updates (--dp client)",
+        "dp_clip_lr": adaptive_off,
+        "dp_count_noise": adaptive_off,
+    }
+    if config.dp == "client":
+        del reasons["dp_adaptive_quantile"]  # read at 0 too: fixed clipping
+    return {name: why for name, why in reasons.items() if name not in read}
+
+
+def availability_inert(config: RunConfig) -> dict[str, str]:
+    """The availability settings this run does not read, each with why."""
+    read = availability_settings(config)
+    reasons = {
+        "availability_rate": "only --availability bernoulli or cyclic reads it",
+        "availability_period": "only --availability cyclic reads it",
+        "straggler_sigma": "only --straggler-model lognormal reads it",
+        "deadline_policy": "it says what --deadline does to late clients; no --deadline is set",
+        "sample_time": "it times the simulated rounds, simulated only with --dropout, --availability, "
+        "--straggler-model, --deadline or --over-select",
+        "bandwidth": "it times the simulated rounds, simulated only with --dropout, --availability, "
+        "--straggler-model, --deadline or --over-select",
+    }
+    return {name: why for name, why in reasons.items() if name not in read}
 
 
 def cpu_threads(config: RunConfig) -> int | None:
@@ -147,6 +261,8 @@ def inert_settings(config: RunConfig, algorithm: Any, hyperparameters: Any) -> d
     if not (getattr(algorithm, "uses_head_layers", False) or uses_lora):
         inert["head_layers"] = f"--algo {config.algo} has no private head (fedper, fedrep or LoRA runs use it)"
     inert.update(partition_inert(config))
+    inert.update(availability_inert(config))
+    inert.update(privacy_inert(config))
     if not config.init_spec.pretrains(uses_lora):
         for name in ("pretrain_epochs", "pretrain_lr"):
             inert[name] = "this run pretrains no backbone (LoRA runs or --backbone public do)"
@@ -157,12 +273,20 @@ def partition_inert(spec: PartitionSpec | RunConfig) -> dict[str, str]:
     """The partitioner settings this partition does not read (by the partitioner's signature),
     each with why. A preset partition file reads none of them, but refuses none either: they
     are simply not part of such a run's identity."""
+    shift = {} if spec.feature_shift else {"shift_groups": "without --feature-shift there are no domains"}
     if spec.partition_file is not None:
-        return {}
+        return shift
     read = partition_settings(spec)
     takes = ", ".join(f"--{field.replace('_', '-')}" for field in read) or "none of them"
-    return {
+    inert = {
         field: f"--partition {spec.partition} does not read it (its partitioner takes: {takes})"
         for field in PARTITIONER_KEYWORDS
         if field not in read
     }
+    if "sizes" in inert:
+        takers = [n for n in PARTITIONERS.names() if "sizes" in inspect.signature(PARTITIONERS.get(n)).parameters]
+        inert["sizes"] = f"--partition {spec.partition} draws no client sizes (--sizes works with: {', '.join(takers)})"
+    if spec.sizes == "none":  # the off value is never refused; its parameter is read by no one
+        inert.pop("sizes", None)
+        inert["size_param"] = "--sizes none draws no client sizes (give --sizes powerlaw, lognormal or dirichlet)"
+    return {**inert, **shift}

@@ -19,13 +19,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pflbench.config.defaults import AUTO_FIELDS, BASE_DEFAULTS, family_defaults
-from pflbench.config.groups import ExecutorSpec, FederationSpec, InitSpec, LocalSpec, PartitionSpec
+from pflbench.config.groups import (
+    AvailabilitySpec,
+    ExecutorSpec,
+    FederationSpec,
+    InitSpec,
+    LocalSpec,
+    PartitionSpec,
+    PrivacySpec,
+)
 from pflbench.errors import ConfigError
 
 MAX_THREADS = 1024  # torch's thread pool crashes far above any machine's cores (100000: a segfault)
 # Settings added after runs were recorded whose default changes the numbers: the value that
 # reproduces a run whose config.json predates them (a rerun fills a missing setting with it).
 VALUE_BEFORE_ADDED: dict[str, Any] = {"val_frac": 0.0}
+QUANTITY_SKEWS = ("none", "powerlaw", "lognormal", "dirichlet")  # --sizes (data.quantity)
+AVAILABILITY_TRACES = ("always", "bernoulli", "cyclic")  # --availability (engine.availability)
+STRAGGLER_MODELS = ("none", "lognormal")  # --straggler-model
+DEADLINE_POLICIES = ("drop", "partial")  # --deadline-policy
+DP_MODES = ("off", "client", "sample")  # --dp (engine.privacy)
+FEATURE_SHIFTS = ("rotate", "contrast", "color", "noise", "blur", "invert")  # --feature-shift (data.feature_shift)
 
 
 def option(default: Any, help: str, **metadata: Any) -> Any:
@@ -57,6 +71,35 @@ class RunConfig:
         "rule.",
         choices=("unbiased", "floor", "flower"),
     )
+    sizes: str = option(
+        "none",
+        "Quantity skew: client sizes drawn from a size distribution (data.quantity) instead of "
+        "as the partitioner makes them: powerlaw (n_k ∝ rank^-β, ranks shuffled), lognormal "
+        "(weights e^{σ·z}), dirichlet (weights ~ Dir(β·1_K)), with the parameter --size-param; "
+        "each client gets at least --min-size. Read by iid (quantity skew only) and "
+        "dirichlet-client (with label skew). none = off.",
+        choices=QUANTITY_SKEWS,
+    )
+    size_param: float = option(
+        1.0,
+        "Parameter of --sizes: β of powerlaw (≥ 0, larger: more skew), σ of lognormal (≥ 0, larger: "
+        "more skew), β of dirichlet (> 0, smaller: more skew).",
+    )
+    feature_shift: str = option(
+        "",
+        "Feature shift: comma-separated transforms (rotate, contrast, color, noise, blur, invert) "
+        "applied once at load to each client's samples, at its domain's strength "
+        "(data.feature_shift; seeded, recorded in partition.json as client_domains). Image "
+        "datasets only; empty = off.",
+    )
+    shift_groups: int = option(
+        0, "Domains of --feature-shift: client k is in domain k mod G; 0 = one domain per client."
+    )
+    holdout_domain: str | None = option(
+        None,
+        "Domain kept out of training by --partition domain / domain-dirichlet (e.g. sketch for "
+        "pacs): no client holds it, and its samples give the out-of-domain accuracy ood_acc.",
+    )
     partition_file: str | None = option(
         None,
         "Use exactly this partition (a `pflbench partition --export` JSON or a run's "
@@ -82,6 +125,69 @@ class RunConfig:
         "adaptation and reported as new_acc at every evaluation. 0 = none.",
     )
     rounds: int = option(50, "Communication rounds.")
+    dropout: float = option(
+        0.0,
+        "Client dropout: the probability that a sampled client fails to report in a round (it "
+        "received the model, sends nothing, its state does not change; seeded per round). 0 = off.",
+    )
+    availability: str = option(
+        "always",
+        "Which clients are online to be sampled each round: always; bernoulli (client k with its "
+        "own probability, drawn once uniformly around --availability-rate); cyclic (a diurnal trace: "
+        "online a share --availability-rate of every --availability-period rounds, at its own phase).",
+        choices=AVAILABILITY_TRACES,
+    )
+    availability_rate: float = option(
+        0.5, "Mean share of rounds a client is online (--availability bernoulli, cyclic)."
+    )
+    availability_period: int = option(24, "Rounds in one cycle of --availability cyclic (a simulated day).")
+    straggler_model: str = option(
+        "none",
+        "System model of client speeds, drawn once per run: none (every device the median one) or "
+        "lognormal (compute time and bandwidth factors e^(σ·z), σ = --straggler-sigma). Simulated "
+        "client time = samples · --sample-time · compute factor + bytes / (--bandwidth · bandwidth factor).",
+        choices=STRAGGLER_MODELS,
+    )
+    straggler_sigma: float = option(1.0, "σ of --straggler-model lognormal (0 = everyone the median device).")
+    sample_time: float = option(
+        0.01, "Simulated seconds one training sample takes on the median device (simulated time only)."
+    )
+    bandwidth: float = option(1.0, "Simulated network bandwidth of the median client, MB/s (2^20 bytes).")
+    deadline: float | None = option(
+        None,
+        "Round deadline in simulated seconds: clients that would report later are dropped, or with "
+        "--deadline-policy partial do the local steps that fit (FedProx's variable local work). Unset = none.",
+    )
+    deadline_policy: str = option(
+        "drop", "What --deadline does to a late client: drop it, or partial work.", choices=DEADLINE_POLICIES
+    )
+    over_select: float = option(
+        0.0,
+        "Over-selection: sample ceil(M·(1 + FRAC)) clients and keep the first M to report "
+        "(by simulated time). 0 = off.",
+    )
+    dp: str = option(
+        "off",
+        "Differential privacy (engine.privacy): client = DP-FedAvg (each client's model update "
+        "clipped to --dp-clip, Gaussian noise on the server's mean; McMahan et al. 2018); sample = "
+        "DP-SGD on the clients (per-sample gradients clipped to --dp-clip, noised; Abadi et al. "
+        "2016). ε at --dp-delta per round and in the summary (pip install 'pflbench[dp]'). off = none.",
+        choices=DP_MODES,
+    )
+    dp_clip: float = option(1.0, "Clip norm C of --dp: of each client update (client) or per-sample gradient (sample).")
+    dp_noise: float = option(
+        1.0, "Noise multiplier z of --dp: Gaussian noise of std z·C (on the sum; client: z·C/m on the mean of m)."
+    )
+    dp_delta: float = option(1e-5, "δ at which --dp reports ε (dp_epsilon).")
+    dp_adaptive_quantile: float = option(
+        0.0,
+        "--dp client adaptive clipping (Andrew et al. 2021): the clip norm follows this quantile γ "
+        "of the update norms, starting at --dp-clip. 0 = fixed clipping.",
+    )
+    dp_clip_lr: float = option(0.2, "Learning rate η_C of --dp-adaptive-quantile's geometric clip update.")
+    dp_count_noise: float = option(
+        0.0, "Noise σ_b of --dp-adaptive-quantile's clipped count; 0 = m/20 (the paper's choice)."
+    )
     local_epochs: int = option(1, "Local epochs per round.")
     batch_size: int = option(32, "Local minibatch size.")
     lr: float | None = option(
@@ -216,6 +322,11 @@ class RunConfig:
             self.partition_file,
             self.val_frac,
             self.new_clients,
+            self.sizes,
+            self.size_param,
+            self.feature_shift,
+            self.shift_groups,
+            holdout_domain=self.holdout_domain,
         )
 
     @property
@@ -232,6 +343,38 @@ class RunConfig:
             self.seed,
             self.finetune_epochs,
             self.local_spec,
+            self.availability_spec,
+            self.privacy_spec,
+        )
+
+    @property
+    def privacy_spec(self) -> PrivacySpec | None:
+        if self.dp == "off":
+            return None
+        return PrivacySpec(
+            self.dp,
+            self.dp_clip,
+            self.dp_noise,
+            self.dp_delta,
+            self.dp_adaptive_quantile,
+            self.dp_clip_lr,
+            self.dp_count_noise,
+        )
+
+    @property
+    def availability_spec(self) -> AvailabilitySpec:
+        return AvailabilitySpec(
+            self.dropout,
+            self.availability,
+            self.availability_rate,
+            self.availability_period,
+            self.straggler_model,
+            self.straggler_sigma,
+            self.sample_time,
+            self.bandwidth,
+            self.deadline,
+            self.deadline_policy,
+            self.over_select,
         )
 
     @property
@@ -384,9 +527,126 @@ def validate(config: RunConfig) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+    check_quantity_and_shift(config)
+    check_availability(config)
+    check_privacy_settings(config)
     check_new_clients_fraction(config.new_clients)
     if config.num_clients is not None:  # else checked once K is fitted (data.partition.fit_num_clients)
         new_client_count(config.num_clients, config.new_clients)
+
+
+def check_availability(config: RunConfig) -> None:
+    """The availability and straggler settings (engine.availability): one ConfigError line on a bad value."""
+
+    def finite(value: float) -> bool:
+        return isinstance(value, (int, float)) and math.isfinite(value)
+
+    choices = (
+        ("availability", AVAILABILITY_TRACES),
+        ("straggler_model", STRAGGLER_MODELS),
+        ("deadline_policy", DEADLINE_POLICIES),
+    )
+    for name, valid in choices:
+        if getattr(config, name) not in valid:
+            raise ConfigError(f"--{name.replace('_', '-')} {getattr(config, name)!r} is not one of: {', '.join(valid)}")
+    deadline = config.deadline
+    checks = [
+        (
+            finite(config.dropout) and 0 <= config.dropout < 1,
+            f"--dropout must be a probability in [0, 1) (0 = off), got {config.dropout}",
+        ),
+        (
+            finite(config.availability_rate) and 0 < config.availability_rate <= 1,
+            f"--availability-rate must be in (0, 1], got {config.availability_rate}",
+        ),
+        (config.availability_period >= 1, f"--availability-period must be ≥ 1 round, got {config.availability_period}"),
+        (
+            finite(config.straggler_sigma) and config.straggler_sigma >= 0,
+            f"--straggler-sigma must be ≥ 0, got {config.straggler_sigma}",
+        ),
+        (
+            finite(config.sample_time) and config.sample_time > 0,
+            f"--sample-time must be > 0 seconds, got {config.sample_time}",
+        ),
+        (finite(config.bandwidth) and config.bandwidth > 0, f"--bandwidth must be > 0 MB/s, got {config.bandwidth}"),
+        (
+            deadline is None or (finite(deadline) and deadline > 0),
+            f"--deadline must be > 0 seconds (unset = none), got {deadline}",
+        ),
+        (
+            finite(config.over_select) and config.over_select >= 0,
+            f"--over-select must be ≥ 0 (0 = off), got {config.over_select}",
+        ),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+    if config.deadline_policy == "partial" and deadline is not None and config.executor == "vmap":
+        raise ConfigError(
+            "--deadline-policy partial caps each client's local steps, which --executor vmap cannot; "
+            "use --executor sequential or ray"
+        )
+
+
+def check_privacy_settings(config: RunConfig) -> None:
+    """--dp and its settings (engine.privacy): one ConfigError line on a bad value."""
+    if config.dp not in DP_MODES:
+        raise ConfigError(f"--dp {config.dp!r} is not one of: {', '.join(DP_MODES)}")
+    if config.dp == "off":
+        return
+    q = config.dp_adaptive_quantile
+    checks = [
+        (
+            math.isfinite(config.dp_clip) and config.dp_clip > 0,
+            f"--dp-clip must be a finite number > 0, got {config.dp_clip}",
+        ),
+        (
+            math.isfinite(config.dp_noise) and config.dp_noise >= 0,
+            f"--dp-noise must be a finite number ≥ 0, got {config.dp_noise}",
+        ),
+        (0 < config.dp_delta < 1, f"--dp-delta must be in (0, 1), got {config.dp_delta}"),
+        (math.isfinite(q) and 0 <= q < 1, f"--dp-adaptive-quantile must be in [0, 1) (0 = fixed clipping), got {q}"),
+        (
+            q == 0 or config.dp == "client",
+            "--dp-adaptive-quantile adapts the clip of client updates: use it with --dp client",
+        ),
+        (
+            math.isfinite(config.dp_clip_lr) and config.dp_clip_lr > 0,
+            f"--dp-clip-lr must be a finite number > 0, got {config.dp_clip_lr}",
+        ),
+        (
+            math.isfinite(config.dp_count_noise) and config.dp_count_noise >= 0,
+            f"--dp-count-noise must be ≥ 0 (0 = m/20), got {config.dp_count_noise}",
+        ),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def feature_shift_names(text: str) -> tuple[str, ...]:
+    """The transforms of ``--feature-shift`` (comma-separated), checked: ConfigError on an unknown one."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    for name in names:
+        if name not in FEATURE_SHIFTS:
+            raise ConfigError(f"--feature-shift {name!r} is not a transform; valid: {', '.join(FEATURE_SHIFTS)}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--feature-shift {text!r} names a transform twice")
+    return names
+
+
+def check_quantity_and_shift(config: RunConfig) -> None:
+    """--sizes, --size-param, --feature-shift and --shift-groups: one ConfigError line on a bad value."""
+    if config.sizes not in QUANTITY_SKEWS:
+        raise ConfigError(f"--sizes {config.sizes!r} is not one of: {', '.join(QUANTITY_SKEWS)}")
+    zero_allowed = config.sizes in ("powerlaw", "lognormal")  # 0: equal sizes; Dir(0) is undefined
+    param = config.size_param
+    if config.sizes != "none" and not (math.isfinite(param) and (param >= 0 if zero_allowed else param > 0)):
+        wanted = "≥ 0" if zero_allowed else "> 0"
+        raise ConfigError(f"--size-param for --sizes {config.sizes} must be a finite number {wanted}, got {param}")
+    feature_shift_names(config.feature_shift)
+    if config.shift_groups < 0 or config.shift_groups == 1:
+        raise ConfigError(f"--shift-groups must be 0 (one domain per client) or ≥ 2 domains, got {config.shift_groups}")
 
 
 def field_types(cls: type) -> dict[str, Any]:

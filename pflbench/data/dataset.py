@@ -163,7 +163,9 @@ def _call_loader(name: str, loader: Any, options: dict[str, Any]) -> TensorDatas
         raise ConfigError(f"--dataset-option for dataset {name!r} (given: {given}) is not valid: {reason}") from error
 
 
-EVAL_SPLITS = ("test", "val")  # the splits a model is evaluated on (``FederatedData.eval_indices``)
+# the splits a model is evaluated on (``FederatedData.eval_indices``); "ood": the held-out domain
+# (--holdout-domain), the same samples for every client
+EVAL_SPLITS = ("test", "val", "ood")
 
 
 class FederatedData:
@@ -176,6 +178,7 @@ class FederatedData:
         test_splits: list[np.ndarray],
         device: torch.device,
         val_splits: list[np.ndarray] | None = None,
+        ood: np.ndarray | None = None,
     ) -> None:
         self.device = device
         self.num_classes = dataset.num_classes
@@ -193,17 +196,21 @@ class FederatedData:
         val_splits = val_splits if val_splits else [np.zeros(0, dtype=np.int64)] * len(train_splits)
         self.val_indices = [torch.as_tensor(s, dtype=torch.long, device=device) for s in val_splits]
         self.num_val = [len(s) for s in val_splits]
+        # the held-out domain's samples (--holdout-domain): one tensor, listed once per client
+        held_out = torch.as_tensor(ood if ood is not None else np.zeros(0, dtype=np.int64), dtype=torch.long)
+        self.ood_indices = [held_out.to(device)] * len(train_splits)
+        self.num_ood = [len(held_out)] * len(train_splits)
 
     def eval_indices(self, split: str) -> list[torch.Tensor]:
-        """Each client's indices of evaluation split ``split``: ``test`` or ``val``."""
+        """Each client's indices of evaluation split ``split``: ``test``, ``val`` or ``ood``."""
         if split not in EVAL_SPLITS:
             raise ValueError(f"unknown evaluation split {split!r}; valid: {', '.join(EVAL_SPLITS)}")
-        return self.test_indices if split == "test" else self.val_indices
+        return {"test": self.test_indices, "val": self.val_indices, "ood": self.ood_indices}[split]
 
     def eval_counts(self, split: str) -> list[int]:
         """Each client's number of samples in evaluation split ``split``."""
         self.eval_indices(split)  # a bad name fails here
-        return self.num_test if split == "test" else self.num_val
+        return {"test": self.num_test, "val": self.num_val, "ood": self.num_ood}[split]
 
     @property
     def num_clients(self) -> int:

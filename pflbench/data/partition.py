@@ -14,6 +14,8 @@ import numpy as np
 
 from pflbench.config.identity import partitioner_arguments
 from pflbench.config.run_config import RunConfig, new_client_count, with_base_defaults
+from pflbench.data.domains import DOMAIN_PARTITIONERS, client_domain_names, held_out_indices
+from pflbench.data.feature_shift import FeatureShift, plan_feature_shift
 from pflbench.data.flwr import FLWR_PREFIX, flwr_preset
 from pflbench.data.partitioners import (
     partition,
@@ -41,6 +43,30 @@ class Partition:
     public: np.ndarray  # held out for pretraining, given to no client (--public-frac)
     val: list[np.ndarray] = field(default_factory=list)  # per client; empty arrays without --val-frac
     new_clients: list[int] = field(default_factory=list)  # held out of training (--new-clients)
+    # --holdout-domain: every sample of the held-out domain, given to no client (ood_acc)
+    ood: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    client_domains: list[str] | None = None  # each client's domain, where clients have one
+    feature_shift: FeatureShift | None = None  # --feature-shift: each client's domain transform
+
+    def shifted(self, dataset: TensorDataset) -> TensorDataset:
+        """``dataset`` with each client's samples under its feature-shift domain (applied once,
+        when a run builds its data); ``dataset`` itself without ``--feature-shift``."""
+        if self.feature_shift is None:
+            return dataset
+        val = self.val or [np.zeros(0, dtype=np.int64)] * len(self.train)
+        clients = [np.concatenate([tr, va, te]) for tr, va, te in zip(self.train, val, self.test)]
+        return self.feature_shift.apply(dataset, clients)
+
+    @property
+    def domain_labels(self) -> list[str] | None:
+        """Each client's domain as partition.json's ``client_domains`` records it: the data's own
+        domain, the feature-shift domain, or both ("photo d3 rotate=45")."""
+        if self.feature_shift is None:
+            return self.client_domains
+        shift = self.feature_shift.client_labels()
+        if self.client_domains is None:
+            return shift
+        return [f"{own} {label}" for own, label in zip(self.client_domains, shift)]
 
     @property
     def has_val(self) -> bool:
@@ -55,6 +81,9 @@ class Partition:
             "test_indices": [s.tolist() for s in self.test],
             **({"new_clients": list(self.new_clients)} if self.new_clients else {}),
             "public_indices": self.public.tolist(),
+            **({"ood_indices": self.ood.tolist()} if len(self.ood) else {}),
+            **({"client_domains": self.domain_labels} if self.domain_labels is not None else {}),
+            **({"feature_shift": self.feature_shift.to_json()} if self.feature_shift is not None else {}),
             "stats": self.stats,
         }
 
@@ -98,9 +127,15 @@ def make_partition(spec: PartitionSpec | RunConfig, dataset: TensorDataset) -> P
     if preset is not None:
         train, val = with_validation(labels, preset.train, preset.test, preset.val, config)
         stats = partition_stats(labels, train, preset.test, dataset.num_classes, val)
-        stats = {**stats, "public_samples": len(preset.public)}
-        return Partition(train, preset.test, stats, preset.public, val, new_clients)
+        stats = {**stats, "public_samples": len(preset.public), **_ood_stats(preset.ood)}
+        split = Partition(train, preset.test, stats, preset.public, val, new_clients, preset.ood, preset.client_domains)
+        return with_feature_shift(split, config, dataset)
     pool, public = public_split(labels, config.public_frac, config.seed)
+    ood = np.zeros(0, dtype=np.int64)
+    holdout = partitioner_arguments(config).get("holdout_domain")
+    if holdout is not None:  # the held-out domain is given to no client, and not to pretraining either
+        ood = held_out_indices(dataset.groups, holdout)
+        public = np.setdiff1d(public, ood)
     groups = None if dataset.groups is None else np.asarray(dataset.groups)[pool]
     clients = partition(
         config.partition,
@@ -114,7 +149,22 @@ def make_partition(spec: PartitionSpec | RunConfig, dataset: TensorDataset) -> P
     train, test = split_train_test(labels, clients, config.test_frac, rng_stream(config.seed, "split"))
     train, val = with_validation(labels, train, test, None, config)
     stats = {**partition_stats(labels, train, test, dataset.num_classes, val), "public_samples": len(public)}
-    return Partition(train, test, stats, public, val, new_clients)
+    domains = client_domain_names(dataset.groups, clients) if config.partition in DOMAIN_PARTITIONERS else None
+    split = Partition(train, test, {**stats, **_ood_stats(ood)}, public, val, new_clients, ood, domains)
+    return with_feature_shift(split, config, dataset)
+
+
+def with_feature_shift(split: Partition, config: PartitionSpec, dataset: TensorDataset) -> Partition:
+    """``split`` with the run's feature shift (``data.feature_shift``), None without one. It is
+    a setting of the run, not of the indices: ``client_domains`` keeps the data's own domains
+    (what an export records), ``domain_labels`` adds the shift's."""
+    shift = plan_feature_shift(config, dataset, len(split.train))
+    return split if shift is None else dataclasses.replace(split, feature_shift=shift)
+
+
+def _ood_stats(ood: np.ndarray | None) -> dict[str, int]:
+    """``ood_samples`` in the statistics when a domain is held out."""
+    return {"ood_samples": len(ood)} if ood is not None and len(ood) else {}
 
 
 def preset_partition(config: PartitionSpec | RunConfig, dataset: TensorDataset) -> PresetPartition | None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pflbench.data.quantity import client_sizes, largest_remainder_counts, split_by_sizes
 from pflbench.errors import ConfigError
 from pflbench.registry import PARTITIONERS, register_partitioner
 from pflbench.util.seeding import rng_stream
@@ -87,38 +88,32 @@ def dirichlet(
     )
 
 
-def largest_remainder_counts(proportions: np.ndarray, total: int, rng: np.random.Generator) -> np.ndarray:
-    """Integer counts summing to ``total``, each ⌊p_k·total⌋ or ⌈p_k·total⌉ (Hamilton's method).
-
-    The leftover units go to the largest fractional parts; equal fractional parts are ordered
-    at random, so the rounding never depends on a client's position.
-    """
-    exact = np.asarray(proportions, dtype=np.float64) * total
-    counts = np.floor(exact).astype(np.int64)
-    leftover = total - int(counts.sum())
-    if leftover > 0:
-        remainders = exact - counts
-        order = np.lexsort((rng.random(len(exact)), -remainders))  # by remainder, ties at random
-        counts[order[:leftover]] += 1
-    return counts
-
-
 @register_partitioner("dirichlet-client")
 def dirichlet_client(
-    labels: np.ndarray, num_clients: int, rng: np.random.Generator, alpha: float = 0.5, min_size: int = 10
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    alpha: float = 0.5,
+    min_size: int = 10,
+    sizes: str = "none",
+    size_param: float = 1.0,
 ) -> list[np.ndarray]:
     """Per-client class mix: q_k ~ Dir(α·1_C); client k gets N/K samples in proportions q_k.
 
     Sampling is without replacement; when a class runs out, its share goes to the classes
-    that still have samples (renormalised q_k).
+    that still have samples (renormalised q_k). With quantity skew (``sizes`` not ``none``,
+    ``data.quantity``) client k gets n_k samples instead, the sizes drawn first.
     """
     labels = np.asarray(labels)
     classes = np.unique(labels)
     _check_enough_samples(len(labels), num_clients, min_size)
-    per_client = len(labels) // num_clients
+    if sizes == "none":
+        targets = [len(labels) // num_clients] * num_clients
+    else:
+        targets = client_sizes(sizes, len(labels), num_clients, size_param, min_size, rng).tolist()
     pools = [list(rng.permutation(np.flatnonzero(labels == c))) for c in classes]
     result = []
-    for _ in range(num_clients):
+    for per_client in targets:
         mix = rng.dirichlet(np.full(len(classes), alpha))
         taken: list[int] = []
         while len(taken) < per_client:
@@ -135,9 +130,20 @@ def dirichlet_client(
 
 
 @register_partitioner("iid")
-def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator, min_size: int = 10) -> list[np.ndarray]:
-    """Uniform random split into K (near-)equal parts."""
+def iid(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    min_size: int = 10,
+    sizes: str = "none",
+    size_param: float = 1.0,
+) -> list[np.ndarray]:
+    """Uniform random split into K (near-)equal parts; with quantity skew (``sizes`` not
+    ``none``, ``data.quantity``) into parts of n_k samples, the sizes drawn first."""
     _check_enough_samples(len(labels), num_clients, min_size)
+    if sizes != "none":
+        counts = client_sizes(sizes, len(labels), num_clients, size_param, min_size, rng)
+        return split_by_sizes(rng.permutation(len(labels)), counts)
     return [np.sort(part) for part in np.array_split(rng.permutation(len(labels)), num_clients)]
 
 

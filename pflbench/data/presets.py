@@ -9,6 +9,8 @@ An exported partition (``pflbench partition --export FILE``) is one JSON object:
      "num_clients": K,
      "clients": [{"train": [i, ...], "val": [...], "test": [j, ...]}, ...],   # into the pooled dataset
      "public": [...],                                          # held out, given to no client
+     "ood": [...],                 # optional: the held-out domain (--holdout-domain), for ood_acc
+     "client_domains": ["photo", ...],                         # optional: each client's domain
      "settings": {...}}                                        # how it was made (informative)
 
 Indices address the pooled dataset (all of the dataset's splits concatenated in order, as the
@@ -59,6 +61,8 @@ class PresetPartition:
     dataset_name: str | None = None
     dataset_size: int | None = None
     val: list[np.ndarray] | None = None
+    ood: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # held-out domain
+    client_domains: list[str] | None = None  # each client's domain, when recorded
 
     @property
     def num_clients(self) -> int:
@@ -75,6 +79,8 @@ def partition_document(
     test: Sequence[np.ndarray],
     public: np.ndarray,
     val: Sequence[np.ndarray] | None = None,
+    ood: np.ndarray | None = None,
+    client_domains: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The export JSON object (see the module docstring); each client's ``"val"`` only when
     ``val`` holds a validation sample. Always portable: a file made to be shared names no local
@@ -88,6 +94,7 @@ def partition_document(
             "partition",
             "alpha",
             "dirichlet_cut",
+            "holdout_domain",
             "shards_per_client",
             "min_size",
             "test_frac",
@@ -98,6 +105,10 @@ def partition_document(
             "partition_file",
         )
     }
+    if config.sizes != "none":  # quantity skew (data.quantity): recorded only when on
+        settings.update(sizes=config.sizes, size_param=config.size_param)
+    if config.feature_shift:  # a run setting, not the indices': a run of this file gives it again
+        settings.update(feature_shift=config.feature_shift, shift_groups=config.shift_groups)
     return without_local_paths(
         {
             "format": FORMAT,
@@ -118,6 +129,8 @@ def partition_document(
                 for k, (tr, te) in enumerate(zip(train, test))
             ],
             "public": np.asarray(public).tolist(),
+            **({"ood": np.asarray(ood).tolist()} if ood is not None and len(ood) else {}),
+            **({"client_domains": list(client_domains)} if client_domains is not None else {}),
             "settings": settings,
         }
     )
@@ -205,6 +218,7 @@ def partition_from_document(document: Any, where: str, source: str) -> PresetPar
             "partition.json (no 'format' or 'train_indices' key)"
         )
     public = document.get("public", document.get("public_indices", []))
+    ood = document.get("ood", document.get("ood_indices", []))
     return PresetPartition(
         train=[_index_array(v, where, f"client {k} train") for k, v in enumerate(train)],
         test=[_index_array(v, where, f"client {k} test") for k, v in enumerate(test)],
@@ -213,7 +227,18 @@ def partition_from_document(document: Any, where: str, source: str) -> PresetPar
         dataset_name=name,
         dataset_size=size,
         val=None if val is None else _val_lists(val, len(train), where),
+        ood=_index_array(ood, where, "ood"),
+        client_domains=_client_domains(document.get("client_domains"), len(train), where),
     )
+
+
+def _client_domains(value: Any, num_clients: int, where: str) -> list[str] | None:
+    """The recorded per-client domain names (None when absent): one string per client."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != num_clients or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: 'client_domains' must be a list of {num_clients} strings, one per client")
+    return list(value)
 
 
 def _optional(value: Any, kind: type, where: str, key: str, wanted: str) -> Any:
@@ -278,7 +303,7 @@ def validate_partition(preset: PresetPartition, dataset_size: int, dataset_name:
             raise ConfigError(f"{where}: client {k} has no {split} samples")
         if val and len(val[k]) == 0:
             raise ConfigError(f"{where}: client {k} has no validation samples (the file records them for others)")
-    everything = np.concatenate([*preset.train, *val, *preset.test, preset.public])
+    everything = np.concatenate([*preset.train, *val, *preset.test, preset.public, preset.ood])
     if everything.min() < 0 or everything.max() >= dataset_size:
         bad = everything[(everything < 0) | (everything >= dataset_size)][0]
         raise ConfigError(
@@ -290,5 +315,5 @@ def validate_partition(preset: PresetPartition, dataset_size: int, dataset_name:
         twice = int(np.flatnonzero(counts > 1)[0])
         raise ConfigError(
             f"{where}: sample {twice} is assigned {counts[twice]} times "
-            "(each sample may appear once, in one client's train, validation or test split or public)"
+            "(each sample may appear once, in one client's train, validation or test split, public or ood)"
         )

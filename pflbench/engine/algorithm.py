@@ -52,6 +52,10 @@ H = TypeVar("H")
 class ClientProgram(Generic[H]):
     """Client-side hooks. One instance serves every client; a client's state comes with its job."""
 
+    # --dp sample: DP-SGD in the batch loop (``engine.privacy.SampleLevelDP``), set on the
+    # algorithm's training program by the round loop; None: ordinary steps
+    sample_privacy: Any = None
+
     def __init__(self, layout: ParamLayout, hparams: H, local: LocalSpec) -> None:
         self.layout, self.hparams, self.local = layout, hparams, local
         self.loss_weights: dict[str, float] = {}  # loss = Σ weight·term (default weight 1)
@@ -164,6 +168,15 @@ class Algorithm(Generic[H]):
     # (``config.defaults.DEFAULTS_BY_FAMILY``): family → {setting: value}. Applied at the family
     # defaults' rank (below ``run_defaults`` and a sweep's shared defaults), recorded in config.json.
     defaults_by_family: ClassVar[dict[str, dict[str, Any]]] = {}
+    # Whether the upload is a model update averaged by the FedAvg rule, so that --dp client
+    # (clip each update, noise the mean: ``engine.privacy``) keeps the algorithm's meaning and its
+    # ε is true. None: read from the hooks (``engine.privacy.client_level_refusal``: default
+    # broadcast, aggregate, upload and batch loop); False refuses --dp, True vouches for it.
+    upload_is_averaged_update: ClassVar[bool | None] = None
+    # The partition's true group of each client (partition.json ``client_domains``: feature-shift or
+    # multi-domain scenarios), set by the run's preparation before the first round; None without
+    # groups. Read-only: e.g. IFCA scores its cluster assignment against it.
+    client_domains: list[str] | None = None
 
     # ---- set-up (class level, before any state exists) -----------------------------------
     @classmethod

@@ -65,7 +65,13 @@ class SequentialExecutor:
         upload = result.upload if result.upload is not None else program.upload(self.tensors, job.received)
         private = result.private if result.private is not None else program.private_state(self.tensors, job.private)
         return ClientUpdate(
-            job.client_id, self.data.num_train[job.client_id], upload, result.loss_terms, result.loss, private
+            job.client_id,
+            self.data.num_train[job.client_id],
+            upload,
+            result.loss_terms,
+            result.loss,
+            private,
+            local_steps=result.steps,
         )
 
     @torch.no_grad()

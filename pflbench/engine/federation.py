@@ -6,7 +6,8 @@ same models on its validation split (``val_pers_acc``, ``val_global_acc``, ...: 
 programs run once, their result is evaluated on both). With new clients (``--new-clients``),
 clients held out of training entirely (never sampled: M is drawn from the training clients, and
 never counted in the metrics above), each new client is served by the algorithm's adaptation
-(``Algorithm.new_client_model`` / ``new_client_program``) and tested (``new_acc``, ...).
+(``Algorithm.new_client_model`` / ``new_client_program``) and tested (``new_acc``, ...). With a
+held-out domain (``--holdout-domain``), its samples give ``ood_acc`` (``evaluate_ood``).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ import torch
 
 from pflbench.config.groups import FederationSpec
 from pflbench.engine.algorithm import Algorithm, ClientProgram, FineTuneProgram
+from pflbench.engine.availability import RoundPlan, SystemModel
 from pflbench.engine.evaluation import varying_names
 from pflbench.engine.executor import Executor
 from pflbench.engine.metrics import accuracy_metrics
 from pflbench.engine.observers import RunObserver
 from pflbench.engine.personalize import personalize
+from pflbench.engine.privacy import Privacy
 from pflbench.engine.types import ClientJob, ClientUpdate, EvalJob, Tensors, tensor_bytes
 from pflbench.util import progress
 from pflbench.util.seeding import derive_seed, rng_stream
@@ -79,9 +82,12 @@ class Federation:
     """Runs ``algorithm``'s rounds on ``executor``; the algorithm's state lives in the driver.
 
     ``num_val``: each client's validation samples (None or all 0: no validation metrics);
-    ``new_clients``: the clients held out of training (``data.partition.choose_new_clients``).
+    ``new_clients``: the clients held out of training (``data.partition.choose_new_clients``);
+    ``num_ood``: samples of the held-out domain (the executor's ``ood`` split; 0: no ``ood_acc``).
 
-    ``next_round``, the byte totals, ``client_accuracy`` and ``client_metrics`` are the loop's own
+    ``system``: who is online, drops out, is late (``engine.availability``; None: every sampled
+    client reports). ``next_round``, the byte totals, ``sim_time_total``, ``client_accuracy`` and
+    ``client_metrics`` are the loop's own
     state between rounds (with ``sampling_rng`` and the algorithm's state: what a checkpoint saves)."""
 
     def __init__(
@@ -94,21 +100,47 @@ class Federation:
         *,
         num_val: Sequence[int] | None = None,
         new_clients: Sequence[int] = (),
+        num_ood: int = 0,
     ) -> None:
         self.algorithm, self.executor, self.observers = algorithm, executor, list(observers)
         self.settings = settings
         self.num_test = np.asarray(num_test)
         self.num_val = np.asarray(num_val) if num_val is not None and any(num_val) else None
         self.new_clients = sorted(int(k) for k in new_clients)
+        self.num_ood = int(num_ood)
         held_out = set(self.new_clients)
         self.training_clients = [k for k in range(settings.num_clients) if k not in held_out]
         self.sampling_rng = rng_stream(settings.seed, "sampling")
+        # --dropout, --availability, stragglers, --deadline, --over-select (engine.availability); None: off
+        self.system = (
+            SystemModel(settings.availability, settings.num_clients, settings.seed, settings.local.batch_size)
+            if settings.availability.active
+            else None
+        )
+        self.sim_time_total = 0.0  # simulated seconds of the rounds so far (with the system model)
+        self.round_plan: RoundPlan | None = None  # the last round's availability (with the system model)
         self.next_round = 1
         self.bytes_up_total = self.bytes_down_total = 0
         self.client_accuracy = np.zeros(self.settings.num_clients)  # test accuracy (pers_acc); NaN: new client
         # further per-client columns, as measured: val_pers_acc, new_acc, pers_acc_ft, new_acc_ft
         self.client_metrics: dict[str, np.ndarray] = {}
         self.num_train = list(algorithm.num_train)
+        # --dp client|sample (engine.privacy): the server's private mean and the accountant; None: off
+        self.privacy = (
+            Privacy(
+                settings.privacy,
+                settings.seed,
+                settings.sampled_per_round,
+                self.training_clients,
+                self.num_train,
+                settings.local.batch_size,
+                algorithm.program.local_phases,
+            )
+            if settings.privacy is not None
+            else None
+        )
+        if self.privacy is not None:  # DP-SGD travels with the program (to every executor)
+            algorithm.program.sample_privacy = self.privacy.program_privacy()
 
     @property
     def splits(self) -> tuple[str, ...]:
@@ -118,9 +150,14 @@ class Federation:
     def split_sizes(self, split: str) -> np.ndarray:
         return self.num_test if split == "test" else self.num_val  # type: ignore[return-value]
 
-    def sample_clients(self) -> list[int]:
-        """M = ``sampled_per_round`` of the training clients (never a new client), sorted."""
+    def sample_clients(self, round_index: int | None = None) -> list[int]:
+        """M = ``sampled_per_round`` of the training clients (never a new client), sorted. With the
+        system model: of those online at ``round_index`` (default: the next round), M' with
+        over-selection (``SystemModel.sample``)."""
         k, m = len(self.training_clients), self.settings.sampled_per_round
+        if self.system is not None:
+            at = self.next_round if round_index is None else round_index
+            return self.system.sample(self.sampling_rng, self.training_clients, m, at)
         return sorted(self.training_clients[int(c)] for c in self.sampling_rng.choice(k, size=m, replace=False))
 
     def train_round(self, round_index: int, sampled: list[int]) -> list[ClientUpdate]:
@@ -128,6 +165,7 @@ class Federation:
         (``Algorithm.streaming_aggregate``) each upload is folded in as it arrives and the
         returned updates keep no params (memory: the private states, not every upload)."""
         algorithm = self.algorithm
+        plan = self.plan_round(round_index, sampled) if self.system is not None else None
         jobs = [
             ClientJob(
                 k,
@@ -135,15 +173,20 @@ class Federation:
                 derive_seed(self.settings.seed, "train", round_index, k),
                 algorithm.broadcast(k),
                 algorithm.store.get(k),
+                None if plan is None else plan.step_caps[k],
             )
-            for k in sampled
+            for k in (sampled if plan is None else plan.training)
         ]
         self._bytes_down = sum(tensor_bytes(job.received) for job in jobs)
         self._bytes_up = 0
-        stream = algorithm.streaming_aggregate([self.num_train[k] for k in sampled])
         train = getattr(self.executor, "train_iter", self.executor.train)
+        arrivals: Any = zip(jobs, train(algorithm.program, jobs) if jobs else [])
+        if plan is not None:  # who reports (after training: a deadline, over-selection), and their bytes down
+            arrivals = self.reporting(plan, list(arrivals))
+        reporting = sampled if plan is None else plan.reported
+        stream = self.aggregation(round_index, reporting)
         updates = []
-        for job, update in zip(jobs, train(algorithm.program, jobs)):
+        for job, update in arrivals:
             if update.private:
                 algorithm.store.put(update.client_id, update.private)
             for observer in self.observers:
@@ -156,9 +199,48 @@ class Federation:
             updates.append(update)
         if stream is not None:
             stream.finish()
-        else:
+        elif updates or plan is None:  # no client reported: the global model stays as it is
             algorithm.aggregate(updates)
         return updates
+
+    def aggregation(self, round_index: int, reporting: list[int]) -> Any:
+        """THE seam between the clients' uploads and the server's update rule: a stream that each
+        reporting client's update is ``add``-ed to as it arrives, then ``finish``-ed, or None:
+        the algorithm's ``aggregate(updates)`` gets the round's list. Default: the algorithm's
+        ``streaming_aggregate`` (the FedAvg rule streamed, or None). With client-level DP, the
+        private mean (``engine.privacy.PrivateMean``: each update clipped, the mean noised). A
+        rule that replaces the average (a robust aggregator) or an attack on the uploads plugs
+        in here, with the same add/finish interface."""
+        if self.privacy is not None and self.privacy.client_level:
+            return self.privacy.aggregation(self.algorithm.global_state, round_index)
+        return self.algorithm.streaming_aggregate([self.num_train[k] for k in reporting])
+
+    def plan_round(self, round_index: int, sampled: list[int]) -> RoundPlan:
+        """The system model's decisions before training (engine.availability): who drops out, who
+        trains and with how many steps; the dropouts' downloads count in bytes_down."""
+        assert self.system is not None
+        algorithm = self.algorithm
+        received = {k: tensor_bytes(algorithm.broadcast(k)) for k in sampled}
+        planned = {
+            k: sum(phase.epochs for phase in algorithm.program.local_phases(k)) * self.num_train[k] for k in sampled
+        }
+        plan = self.system.plan(round_index, sampled, planned, received)
+        self._dropped_bytes_down = sum(received[k] for k in sampled if k not in set(plan.training))
+        self.round_plan = plan
+        return plan
+
+    def reporting(
+        self, plan: RoundPlan, arrivals: list[tuple[ClientJob, ClientUpdate]]
+    ) -> list[tuple[ClientJob, ClientUpdate]]:
+        """The trained clients that report (on time; the first M under over-selection), in job
+        order; the round's simulated time in ``plan``. The others leave no trace (no upload, no
+        new private state), except the model they received (bytes_down)."""
+        assert self.system is not None
+        trained = {job.client_id: (tensor_bytes(job.received), tensor_bytes(update.params)) for job, update in arrivals}
+        self.system.report(plan, trained, self.settings.sampled_per_round)
+        self._bytes_down += self._dropped_bytes_down
+        kept = set(plan.reported)
+        return [(job, update) for job, update in arrivals if job.client_id in kept]
 
     def evaluate(self, round_index: int = 0) -> tuple[dict[str, Any], np.ndarray]:
         """Metrics of the training clients (``evaluate_clients``) and each client's test accuracy."""
@@ -271,6 +353,25 @@ class Federation:
         accuracy[clients] = hits / sizes
         return accuracy_metrics(hits, sizes, "new_acc"), accuracy
 
+    def evaluate_ood(self) -> dict[str, float]:
+        """``ood_acc``: accuracy on the held-out domain's samples (``--holdout-domain``) of the
+        global model; for an algorithm without one (``has_global_model`` False), the mean over the
+        training clients of their evaluation models' accuracy there (``personal_model(k)`` as it
+        is: the unseen domain has no labelled data to adapt on, so no personalization or
+        new-client program runs; every client sees the same samples, so the mean of the
+        accuracies is the pooled accuracy)."""
+        algorithm, clients = self.algorithm, self.training_clients
+        if algorithm.has_global_model:
+            job = EvalJob(algorithm.global_model(), (clients[0],), "ood")
+            (hits,) = self.executor.evaluate(algorithm.program, [job])
+            return {"ood_acc": float(hits.sum() / self.num_ood)}
+        correct = []
+        for start in range(0, len(clients), PERSONALIZE_CHUNK):  # bounded memory, like personalized_correct
+            chunk = clients[start : start + PERSONALIZE_CHUNK]
+            jobs = [EvalJob(algorithm.personal_model(k), (k,), "ood") for k in chunk]
+            correct.extend(self.executor.evaluate(algorithm.program, jobs))
+        return {"ood_acc": float(np.concatenate(correct).sum() / (self.num_ood * len(clients)))}
+
     def finetune_metrics(self, round_index: int) -> dict[str, float]:
         """``--finetune-epochs E`` (FedAvg-FT protocol): the global model fine-tuned for E epochs on
         each client's train split (the run's local optimizer), tested on the client's test split:
@@ -299,7 +400,7 @@ class Federation:
         settings, algorithm = self.settings, self.algorithm
         for round_index in range(self.next_round, settings.rounds + 1):
             started = time.perf_counter()
-            sampled = self.sample_clients()
+            sampled = self.sample_clients(round_index)
             updates = self.train_round(round_index, sampled)  # trained, checked and aggregated
             bytes_up, bytes_down = self._bytes_up, self._bytes_down
             if not _all_finite(algorithm.global_state):
@@ -307,6 +408,9 @@ class Federation:
             self.bytes_up_total += bytes_up
             self.bytes_down_total += bytes_down
             record: dict[str, Any] = {"round": round_index, "clients": sampled}
+            if self.round_plan is not None:  # the system model: who reported, simulated time
+                self.sim_time_total += self.round_plan.sim_time
+                record.update(self.round_plan.record(), sim_time_cum=self.sim_time_total)
             record.update(mean_loss_terms(updates))
             record.update(
                 bytes_up=bytes_up,
@@ -314,7 +418,9 @@ class Federation:
                 bytes_up_cum=self.bytes_up_total,
                 bytes_down_cum=self.bytes_down_total,
             )
-            record.update(algorithm.round_diagnostics(updates))
+            record.update(algorithm.round_diagnostics(updates) if updates else {})
+            if self.privacy is not None:  # dp_epsilon (and the clip) after this round
+                record.update(self.privacy.end_round(round_index, updates))
             record["round_time_s"] = time.perf_counter() - started
             if round_index % settings.eval_every == 0 or round_index == settings.rounds:
                 eval_started = time.perf_counter()
@@ -325,6 +431,8 @@ class Federation:
                 if self.new_clients:
                     new_metrics, self.client_metrics["new_acc"] = self.evaluate_new_clients(round_index)
                     record.update(new_metrics)
+                if self.num_ood:
+                    record.update(self.evaluate_ood())
                 record["eval_time_s"] = time.perf_counter() - eval_started
             if round_index == settings.rounds and settings.finetune_epochs > 0 and algorithm.has_global_model:
                 finetune_started = time.perf_counter()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +66,7 @@ class LocalResult:
     upload: Tensors | None = None
     private: Tensors | None = None
     extra: dict = field(default_factory=dict)
+    steps: int | None = None  # optimizer steps taken (the batch loop counts them; None: not counted)
 
 
 class LocalTrainer:
@@ -144,22 +145,30 @@ def apply_gradients(
 
 def standard_local_update(program: BatchLoopProgram, trainer: LocalTrainer) -> LocalResult:
     """The batch loop: for each phase, a fresh optimizer over the phase's parameters, then
-    ``epochs`` passes minimising Σ weight·term (optionally clipped). Logs each term's mean."""
+    ``epochs`` passes minimising Σ weight·term (optionally clipped). Logs each term's mean.
+    ``job.max_steps`` (partial work under a deadline) stops it after that many steps in all."""
     job, spec = trainer.job, program.optimizer()
     trainable_names = program.layout.trainable
     sums: dict[str, torch.Tensor] = {}
     total = torch.zeros((), device=trainer.device)
     steps = 0
+    privacy = getattr(program, "sample_privacy", None)  # --dp sample: DP-SGD steps (engine.privacy)
+    noise = privacy.generator(job.seed) if privacy is not None else None
     trainer.model.train()
     for phase in program.local_phases(job.client_id):
         trainable = trainer.train_only(phase.trainable, trainable_names)
         optimizer = trainer.optimizer(spec, trainable)
         for _ in range(phase.epochs):
             for inputs, targets in trainer.epoch():
-                terms = program.loss_terms(trainer.forward, trainer.params, inputs, targets, job.received)  # type: ignore[arg-type]
-                loss: torch.Tensor = sum(program.loss_weights.get(n, 1.0) * t for n, t in terms.items())  # type: ignore[assignment]
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                if steps == job.max_steps:
+                    break
+                if privacy is not None:
+                    loss, terms = private_gradients(program, trainer, trainable, inputs, targets, privacy, noise)
+                else:
+                    terms = program.loss_terms(trainer.forward, trainer.params, inputs, targets, job.received)  # type: ignore[arg-type]
+                    loss = sum(program.loss_weights.get(n, 1.0) * t for n, t in terms.items())  # type: ignore[assignment]
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
                 if spec.max_grad_norm is not None:
                     torch.nn.utils.clip_grad_norm_(trainable.values(), spec.max_grad_norm)
                 optimizer.step()
@@ -171,7 +180,34 @@ def standard_local_update(program: BatchLoopProgram, trainer: LocalTrainer) -> L
     return mean_terms(total, sums, steps)
 
 
+def private_gradients(
+    program: BatchLoopProgram,
+    trainer: LocalTrainer,
+    trainable: dict[str, nn.Parameter],
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    privacy: Any,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """--dp sample: set each trainable parameter's ``.grad`` to DP-SGD's noised mean of the
+    clipped per-sample gradients of the program's loss (``engine.privacy.SampleLevelDP``);
+    returns the batch's (loss, terms) for the log."""
+    job = trainer.job
+    frozen = {n: p.detach() for n, p in trainer.params.items() if n not in trainable}
+
+    def loss_of(params: Tensors, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        terms = program.loss_terms(trainer.forward, {**frozen, **params}, x, y, job.received)
+        loss: torch.Tensor = sum(program.loss_weights.get(n, 1.0) * t for n, t in terms.items())  # type: ignore[assignment]
+        return loss, terms
+
+    gradients, loss, terms = privacy.private_gradients(loss_of, trainable, inputs, targets, generator)
+    for name, param in trainable.items():
+        param.grad = gradients[name]
+    return loss, terms
+
+
 def mean_terms(total: torch.Tensor, sums: dict[str, torch.Tensor], steps: int) -> LocalResult:
     """Means over ``steps`` of the total loss and of each term (NaN / {} without steps)."""
     means = torch.stack([total, *sums.values()]).div(max(steps, 1)).tolist()
-    return LocalResult(means[0] if steps else float("nan"), dict(zip(sums, means[1:])) if steps else {})
+    terms = dict(zip(sums, means[1:])) if steps else {}
+    return LocalResult(means[0] if steps else float("nan"), terms, steps=steps)

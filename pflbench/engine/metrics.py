@@ -13,6 +13,8 @@ FINETUNE_METRICS = ("pers_acc_ft", "pers_acc_ft_weighted", "new_acc_ft", "new_ac
 VAL_METRICS = tuple(f"val_{name}" for name in ACCURACY_METRICS)
 # --new-clients: the new clients, each with the model the algorithm serves it (its test split)
 NEW_CLIENT_METRICS = ("new_acc", "new_acc_weighted", "new_acc_std", "new_acc_worst10")
+# --holdout-domain: the held-out domain's samples (engine.federation.Federation.evaluate_ood)
+OOD_METRICS = ("ood_acc",)
 
 
 def worst_fraction_mean(values: np.ndarray, fraction: float = 0.1) -> float:
@@ -49,12 +51,12 @@ def last_fraction_mean(values: list[float | None], fraction: float = 0.1) -> flo
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Final values, means of the last 10% of evaluations, and communication totals. The
-    validation (``--val-frac``) and new-client (``--new-clients``) metrics appear when the run
-    measured them."""
+    validation (``--val-frac``), new-client (``--new-clients``) and out-of-domain
+    (``--holdout-domain``: ``ood_acc``) metrics appear when the run measured them."""
     evaluated = [r for r in records if "pers_acc" in r]
     final = evaluated[-1] if evaluated else {}
     summary: dict[str, Any] = {}
-    measured = [n for n in (*VAL_METRICS, *NEW_CLIENT_METRICS) if any(n in r for r in evaluated)]
+    measured = [n for n in (*VAL_METRICS, *NEW_CLIENT_METRICS, *OOD_METRICS) if any(n in r for r in evaluated)]
     for name in (*ACCURACY_METRICS, *measured):
         summary[name] = final.get(name)
         summary[f"{name}_last10"] = last_fraction_mean([r.get(name) for r in evaluated])
@@ -71,4 +73,11 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         round_time_s_mean=float(np.mean([r["round_time_s"] for r in records])) if records else None,
         peak_mem_mb=max((r.get("peak_mem_mb", 0.0) for r in records), default=None),
     )
+    if "dp_epsilon" in last:  # --dp: the privacy spent by the whole run (engine.privacy)
+        summary["dp_epsilon"] = last["dp_epsilon"]
+    if any("sim_time_cum" in r for r in records):  # the system model (engine.availability)
+        summary.update(
+            sim_time_total=last.get("sim_time_cum"),
+            clients_reported_mean=float(np.mean([len(r["reported"]) for r in records])),
+        )
     return summary

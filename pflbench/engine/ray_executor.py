@@ -136,11 +136,16 @@ class ClientWorker:
         program, store = self._context(*context)
         device = self.executor.data.device
         updates = []
-        for client_id, round_index, seed, received, private in jobs:
+        for client_id, round_index, seed, received, private, max_steps in jobs:
             update = self.executor.train_one(
                 program,
                 ClientJob(
-                    client_id, round_index, seed, unpack(received, store, device), unpack(private, store, device)
+                    client_id,
+                    round_index,
+                    seed,
+                    unpack(received, store, device),
+                    unpack(private, store, device),
+                    max_steps,
                 ),
             )
             updates.append(
@@ -292,7 +297,10 @@ class RayExecutor:
     def train(self, program: ClientProgram, jobs: Sequence[ClientJob]) -> list[ClientUpdate]:
         dicts = [d for job in jobs for d in (job.received, job.private)]
         store, packed = pack(dicts)
-        items = [(job.client_id, job.round, job.seed, packed[2 * i], packed[2 * i + 1]) for i, job in enumerate(jobs)]
+        items = [
+            (job.client_id, job.round, job.seed, packed[2 * i], packed[2 * i + 1], job.max_steps)
+            for i, job in enumerate(jobs)
+        ]
         updates = self._map("train", program, items, store)
         device = self.data.device
         if device.type != "cpu":

@@ -74,6 +74,7 @@ class ClientJob:
     seed: int
     received: Tensors
     private: Tensors
+    max_steps: int | None = None  # partial work (--deadline-policy partial): at most this many local steps
 
 
 @dataclass
@@ -84,6 +85,7 @@ class ClientUpdate:
     loss_terms: dict[str, float]  # mean over local steps of each named term (unweighted)
     loss: float = float("nan")  # mean over local steps of the minimised (weighted) total
     private: Tensors = field(default_factory=dict)  # the client's private state after training
+    local_steps: int | None = None  # optimizer steps the engine's batch loop took (None: not counted)
 
 
 @dataclass(frozen=True)

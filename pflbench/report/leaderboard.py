@@ -28,7 +28,7 @@ from pflbench.report.marks import Cell, cells, max_seeds, row_ranks
 from pflbench.report.names import display_name, flat_setting, quantity, setting_text, setup_text, varying_settings
 from pflbench.report.plots import plot_curves
 from pflbench.report.select import Selection, select_settings
-from pflbench.report.targets import QUANTITIES, parse_target, per_round_metrics, shown, target_values
+from pflbench.report.targets import QUANTITIES, SIM_TIME, parse_target, per_round_metrics, shown, target_values
 from pflbench.store.reader import partition_sort_key
 
 # Names that sum or rename summary.json keys (``--extra comm,time,worst10`` of old, still valid).
@@ -78,6 +78,19 @@ def differing_settings(frame: pd.DataFrame) -> dict[str, list[str]]:
     return {n: sorted({setting_text(s, n) for s in settings}) for n in names}
 
 
+def row_learning_rates(frame: pd.DataFrame, labels: Mapping[str, str]) -> dict[str, str]:
+    """Table row → the learning rate(s) its runs used (``a/b`` for several), when the rows of the
+    table did not all run at one learning rate (else empty): a leaderboard of algorithms run at
+    their own default lrs (SCAFFOLD, FedDyn) is no comparison at one lr, and its notes say so."""
+    runs = frame.drop_duplicates("run")
+    rates: dict[str, set[str]] = {}
+    for run, key in zip(runs["run"], runs["config_key"]):
+        rates.setdefault(labels[run], set()).add(setting_text(flat_setting(key), "lr"))
+    if len(set().union(*rates.values())) <= 1:
+        return {}
+    return {row: "/".join(sorted(values, key=lambda text: (len(text), text))) for row, values in rates.items()}
+
+
 def final_values(
     frame: pd.DataFrame, quantities: Iterable[str], renames: Mapping[str, str] | None = None
 ) -> pd.DataFrame:
@@ -120,6 +133,8 @@ def _hint(metric: str) -> str:
         return " (validation metrics need runs with a validation split, --val-frac > 0)"
     if metric.startswith("new_acc"):
         return " (new-client metrics need runs with --new-clients > 0)"
+    if metric.startswith("ood_acc"):
+        return " (out-of-domain accuracy needs runs with --holdout-domain NAME)"
     return ""
 
 
@@ -173,7 +188,8 @@ def pivot(
         runs = frame.drop_duplicates("run").set_index("run")[["dataset", "partition", "seed"]]
         reach, limits = target_values(frame, goal, runs.assign(row=runs.index.map(labels)))
         values = pd.concat([values, reach], ignore_index=True)
-        quantities += list(QUANTITIES)
+        simulated = bool((reach["quantity"] == SIM_TIME).any())  # a run simulated time (engine.availability)
+        quantities += [q for q in QUANTITIES if q != SIM_TIME or simulated]
         target_attrs = {
             "text": goal.describe(),
             "thresholds": {f"{d} {a}": shown(goal.metric, v) for (d, a), v in sorted(limits.items())},
@@ -212,6 +228,7 @@ def pivot(
         caption=caption,
         selection=_selection_attrs(selection, frame, labels, renames),
         row_algos={label: str(algos[run]) for run, label in labels.items()},
+        learning_rates=row_learning_rates(frame, labels),
     )
     return order_rows(table, order, renames)
 

@@ -33,6 +33,7 @@ METRIC_NAMES = {
     "new_acc_std": "Std of new-client accuracy",
     "new_acc_worst10": "Worst-10% new-client accuracy",
     "new_acc_ft": "New-client accuracy, fine-tuned",
+    "ood_acc": "Out-of-domain accuracy",
     "worst10": "Worst-10% client accuracy",
     "comm": "Communication",
     "time": "Wall time",
@@ -45,6 +46,10 @@ METRIC_NAMES = {
     "bytes_down_total": "Download",
     "rounds_to_target": "Rounds to target",
     "mb_to_target": "MB to target",
+    "dp_epsilon": "Privacy ε",
+    "sim_time_to_target": "Simulated time to target",
+    "sim_time_total": "Simulated time",
+    "clients_reported_mean": "Clients reporting per round",
 }
 LAST = "_last10"  # summary.json: the mean of the last 10% of evaluations
 
@@ -72,13 +77,15 @@ def readable(name: str) -> str:
 
 def quantity(name: str) -> Quantity:
     """Accuracies in percent (higher is better, except their std); bytes and ``comm`` in MB, times
-    in s, memory in MB, losses and the rounds/MB to a target: lower is better. Any other key is
+    in s, memory in MB, losses, the rounds/MB to a target and the privacy ε: lower is better. Any other key is
     shown as it is, with no direction (no bold, no rank)."""
     base = name.removesuffix(LAST)
     if base == "comm":
         return Quantity("Communication (MB)", 1 / 2**20, False)
     if base in ("time", "wall_time_s"):
         return Quantity("Wall time (s)", 1.0, False)
+    if base in ("sim_time_to_target", "sim_time_total"):  # engine.availability's simulated seconds
+        return Quantity(f"{readable(name)} (s)", 1.0, False)
     if "acc" in base or base == "worst10":
         return Quantity(f"{readable(name)} (%)", 100.0, "std" not in base)
     if "bytes" in base:
@@ -87,7 +94,7 @@ def quantity(name: str) -> Quantity:
         return Quantity(f"{readable(name)} (s)", 1.0, False)
     if base.endswith("_mb"):
         return Quantity(f"{readable(name)} (MB)", 1.0, False)
-    if "loss" in base or base in ("rounds_to_target", "mb_to_target"):
+    if "loss" in base or base in ("rounds_to_target", "mb_to_target", "dp_epsilon"):
         return Quantity(readable(name), 1.0, False)
     return Quantity(readable(name), 1.0, None)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,11 +23,16 @@ _MAX_LEGEND_CLASSES = 20
 
 
 def plot_label_distribution(
-    label_histogram: Sequence[Sequence[int]] | np.ndarray, path: str | Path, title: str = ""
+    label_histogram: Sequence[Sequence[int]] | np.ndarray,
+    path: str | Path,
+    title: str = "",
+    client_domains: Sequence[str] | None = None,
 ) -> Path:
     """Stacked horizontal bars: samples per class (colours) for each client (rows).
 
     ``label_histogram`` is the K × C matrix of ``partition_stats(...)["label_histogram"]``.
+    ``client_domains`` (partition.json's, one label per client): each row is labelled with its
+    client's domain and a strip left of the bars marks the domains in colours of their own.
     The format follows the suffix of ``path`` (``.png``, ``.pdf``, ``.svg``; none → ``.png``).
     Returns the path written.
     """
@@ -72,10 +77,17 @@ def plot_label_distribution(
 
     axes.set_ylim(num_clients - 0.5, -0.5)  # client 0 at the top
     step = max(1, int(np.ceil(num_clients / 40)))
-    axes.set_yticks(rows[::step], [str(k) for k in rows[::step]], fontsize=8 if num_clients <= 40 else 7)
-    axes.set_ylabel("client")
+    names = [str(k) for k in rows]
+    if client_domains is not None:
+        if len(client_domains) != num_clients:
+            raise ConfigError(f"client_domains has {len(client_domains)} labels for {num_clients} clients")
+        names = [f"{k}  {domain}" for k, domain in zip(rows, client_domains)]
+        _domain_strip(axes, [str(d) for d in client_domains], float(left.max()))
+    strip = 0.0 if client_domains is None else -0.064 * max(1.0, float(left.max()))
+    axes.set_yticks(rows[::step], names[::step], fontsize=8 if num_clients <= 40 else 7)
+    axes.set_ylabel("client" if client_domains is None else "client  domain")
     axes.set_xlabel("samples")
-    axes.set_xlim(0, max(1.0, float(left.max())) * 1.02)
+    axes.set_xlim(strip, max(1.0, float(left.max())) * 1.02)
     axes.grid(axis="x", alpha=0.3)
     axes.set_axisbelow(True)
     if title:
@@ -101,6 +113,54 @@ def plot_label_distribution(
         tick_step = max(1, int(np.ceil(num_classes / 20)))
         colorbar.set_ticks(np.arange(0, num_classes, tick_step))
 
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format=fmt, dpi=150)
+    return path
+
+
+def _domain_strip(axes: Any, client_domains: list[str], widest: float) -> None:
+    """A strip of one colour per distinct domain left of the bars (x < 0)."""
+    import matplotlib
+
+    distinct = list(dict.fromkeys(client_domains))
+    palette = matplotlib.colormaps["Set2" if len(distinct) <= 8 else "turbo"]
+    shades = palette(np.linspace(0.0, 1.0, len(distinct))) if len(distinct) > 8 else palette.colors
+    width = max(1.0, widest) * 0.04  # the strip spans x in [-0.06, -0.02]·widest (xlim from -0.064)
+    for row, domain in enumerate(client_domains):
+        axes.barh(row, width, left=-1.5 * width, height=0.8, color=shades[distinct.index(domain)], linewidth=0)
+    axes.axvline(0, color="0.6", linewidth=0.5)
+
+
+def plot_domain_examples(images: np.ndarray, labels: Sequence[str], path: str | Path, title: str = "") -> Path:
+    """One example image per domain, side by side (``images`` uint8 [G, H, W, C], C 1 or 3):
+    the same sample under each domain's feature shift, so that the shift itself is seen."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    images = np.asarray(images)
+    if images.ndim != 4 or len(images) != len(labels) or len(images) == 0:
+        raise ConfigError(f"domain examples must be [G, H, W, C] with one label each, got {images.shape}")
+    path = Path(path)
+    count = len(images)
+    columns = min(count, 8)
+    lines = -(-count // columns)
+    figure = Figure(figsize=(1.6 * columns, 1.9 * lines + 0.4), dpi=150, layout="constrained")
+    canvas = FigureCanvasAgg(figure)
+    fmt = (path.suffix[1:] or "png").lower()
+    if fmt not in canvas.get_supported_filetypes():
+        raise ConfigError(f"cannot write a plot as {path.suffix!r}")
+    for g in range(count):
+        axes = figure.add_subplot(lines, columns, g + 1)
+        picture = images[g]
+        if picture.shape[-1] == 1:
+            axes.imshow(picture[..., 0], cmap="gray", vmin=0, vmax=255, interpolation="nearest")
+        else:
+            axes.imshow(picture, interpolation="nearest")
+        axes.set_title(str(labels[g]).replace(" ", "\n", 1), fontsize=6)
+        axes.set_xticks([])
+        axes.set_yticks([])
+    if title:
+        figure.suptitle(title, fontsize=9)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format=fmt, dpi=150)
     return path

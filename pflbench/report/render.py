@@ -121,7 +121,8 @@ def to_csv(table: pd.DataFrame) -> str:
     """Tidy, one line per cell: algorithm, dataset, partition, quantity, label, mean, std (± part),
     n, rank, best, tied_best, tied (not significantly worse than the best), p, pairs, flags,
     reached (``k/n`` where only k of n seeds reached a target), selected (the setting chosen by
-    ``--select-by``), the row's ranks. Numbers are unrounded (``--precision`` is for display)."""
+    ``--select-by``), the row's ranks, and ``lr`` (the row's learning rate) when the rows ran at
+    different learning rates. Numbers are unrounded (``--precision`` is for display)."""
     table_cells, ranks = cells(table), row_ranks(table)
     chosen = {(row, d, a): text for row, d, a, text, *_ in (table.attrs.get("selection") or {}).get("chosen", [])}
     records = [
@@ -148,6 +149,10 @@ def to_csv(table: pd.DataFrame) -> str:
         }
         for (row, column), cell in table_cells.items()
     ]
+    rates = table.attrs.get("learning_rates") or {}
+    if rates:  # the rows ran at different learning rates: each line says its row's
+        for record in records:
+            record["lr"] = rates.get(record["algorithm"])
     return pd.DataFrame(records).to_csv(index=False)
 
 

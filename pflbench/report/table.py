@@ -9,7 +9,7 @@ import pandas as pd
 
 from pflbench.report.marks import MIN_PAIRS, Cell, cells, max_seeds, precision_of, row_ranks
 from pflbench.report.names import LAST, quantity, readable
-from pflbench.report.targets import QUANTITIES
+from pflbench.report.targets import QUANTITIES, SIM_TIME
 
 MISSING = "—"
 TEST_NAMES = {"ttest": "paired two-sided t-test", "wilcoxon": "two-sided Wilcoxon signed-rank test (exact)"}
@@ -107,6 +107,11 @@ def _target_notes(table: pd.DataFrame, table_cells: list[Cell]) -> list[str]:
         f"{f' ({where})' if target['relative'] else ''}; "
         "MB to target: MB sent up + down by the end of that round; mean over the seeds."
     ]
+    if SIM_TIME in table.attrs.get("quantities", []):
+        result.append(
+            "Simulated time to target: the simulated seconds (client availability and system model) "
+            "by the end of that round; mean over the seeds."
+        )
     if any(c.reached is not None for c in table_cells):
         result.append(
             f"{MISSING} (k/n): only k of n seeds reached the target within the rounds run (0: never), so no mean is shown."
@@ -179,9 +184,20 @@ def notes(table: pd.DataFrame) -> list[str]:
     )
     if any(label.endswith("]") for label in table.index):
         result.append("[status]: runs that did not end normally (e.g. diverged), shown apart, never averaged in.")
+    rates = table.attrs.get("learning_rates") or {}
+    if rates:
+        result.append(learning_rate_note(table))
     for name, values in table.attrs.get("differing", {}).items():
-        result.append(f"Runs differ in {readable(name).lower()}: {', '.join(values)}.")
+        if name != "lr" or not rates:  # the learning-rate note names each row's
+            result.append(f"Runs differ in {readable(name).lower()}: {', '.join(values)}.")
     return result
+
+
+def learning_rate_note(table: pd.DataFrame) -> str:
+    """Which row ran at which learning rate, when they differ (``attrs["learning_rates"]``)."""
+    rates = table.attrs.get("learning_rates") or {}
+    listed = "; ".join(f"{row}: {rates[row]}" for row in table.index if row in rates)
+    return f"Not one learning rate for all: the rows ran at different learning rates ({listed})."
 
 
 def body_rows(table: pd.DataFrame, style: Style) -> list[tuple[str, list[str]]]:

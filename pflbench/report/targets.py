@@ -1,4 +1,4 @@
-"""Rounds-to-target and MB-to-target: how fast each run first reaches a metric's target value.
+"""Rounds-, MB- and simulated-time-to-target: how fast each run first reaches a metric's target value.
 
 ``--target [METRIC=]VALUE``: ``0.8`` is absolute, in the units runs store (accuracies as fractions,
 so 0.8 = 80%); ``90%`` is relative: 90% of the best final value of the metric in each column group
@@ -6,7 +6,9 @@ so 0.8 = 80%); ``90%`` is relative: 90% of the best final value of the metric in
 of ``rounds.jsonl`` (default: the table's main metric, without ``_last10``). A run reaches the
 target at the first evaluation round whose value is ≥ the target (≤ for lower-is-better metrics);
 its MB to target are the bytes sent up + down by the end of that round (``bytes_up_cum`` +
-``bytes_down_cum``), in MB (2^20 bytes).
+``bytes_down_cum``), in MB (2^20 bytes); a run with the system model (``engine.availability``:
+dropout, stragglers, a deadline) also has its simulated time to target, the simulated seconds by
+the end of that round (``sim_time_cum``).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import pandas as pd
 from pflbench.errors import ConfigError
 from pflbench.report.names import LAST, quantity
 
-ROUNDS, MB = "rounds_to_target", "mb_to_target"
-QUANTITIES = (ROUNDS, MB)
+ROUNDS, MB, SIM_TIME = "rounds_to_target", "mb_to_target", "sim_time_to_target"
+QUANTITIES = (ROUNDS, MB, SIM_TIME)  # SIM_TIME only for runs that simulate time
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,8 @@ def per_round_metrics(frame: pd.DataFrame) -> list[str]:
 
 
 def run_curves(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Per run and round: the metric (NaN where not evaluated) and cumulative MB up + down."""
+    """Per run and round: the metric (NaN where not evaluated), cumulative MB up + down and
+    cumulative simulated seconds (NaN without the system model)."""
     rounds = frame[frame["round"].notna()]
     wide = rounds.set_index(["run", "round", "metric"])["value"].unstack()
     data = pd.DataFrame({"value": wide[metric] if metric in wide else math.nan}, index=wide.index)
@@ -111,6 +114,7 @@ def run_curves(frame: pd.DataFrame, metric: str) -> pd.DataFrame:
         data["mb"] = (wide["bytes_up_cum"] + wide["bytes_down_cum"]) / 2**20
     else:
         data["mb"] = math.nan
+    data["sim_time"] = wide["sim_time_cum"] if "sim_time_cum" in wide else math.nan
     return data.sort_index()
 
 
@@ -130,12 +134,14 @@ def thresholds(target: Target, finals: Mapping[tuple[str, str, str], float]) -> 
 def target_values(
     frame: pd.DataFrame, target: Target, runs: pd.DataFrame
 ) -> tuple[pd.DataFrame, dict[tuple[str, str], float]]:
-    """One row per (run, quantity) for the two target quantities: run, row, dataset, partition,
+    """One row per (run, quantity) for the target quantities (simulated time only for runs
+    that simulate it): run, row, dataset, partition,
     seed, quantity, value (NaN: never reached), plus the thresholds per column group.
     ``runs``: run → row, dataset, partition, seed (indexed by run)."""
     curves = run_curves(frame, target.metric)
     finals: dict[str, float] = {}
-    reached: dict[str, tuple[float, float]] = {}
+    reached: dict[str, tuple[float, float, float]] = {}
+    simulated = set()
     evaluated = set()
     for run, curve in curves.groupby(level="run"):
         present = curve["value"].dropna()
@@ -154,11 +160,15 @@ def target_values(
         values = [None if pd.isna(v) else float(v) for v in curve["value"]]
         first = first_reach(numbers, values, limit, target.higher_is_better)
         mb = curve["mb"].iloc[numbers.index(first)] if first is not None else math.nan
-        reached[run] = (math.nan if first is None else float(first), float(mb))
+        seconds = curve["sim_time"].iloc[numbers.index(first)] if first is not None else math.nan
+        if curve["sim_time"].notna().any():
+            simulated.add(run)
+        reached[run] = (math.nan if first is None else float(first), float(mb), float(seconds))
     rows = [
         {**runs.loc[run].to_dict(), "run": run, "quantity": name, "value": value}
-        for run, (first, mb) in reached.items()
-        for name, value in ((ROUNDS, first), (MB, mb))
+        for run, (first, mb, seconds) in reached.items()
+        for name, value in ((ROUNDS, first), (MB, mb), (SIM_TIME, seconds))
         if not (name == MB and math.isfinite(first) and not math.isfinite(mb))  # no byte counts: no value
+        and (name != SIM_TIME or run in simulated)  # no simulated time: no value
     ]
     return pd.DataFrame(rows, columns=["run", *runs.columns, "quantity", "value"]), limits

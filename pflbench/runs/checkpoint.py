@@ -6,8 +6,10 @@ JSON metadata with a content hash, loaded with ``weights_only=True``, written at
 - the algorithm's state (``Algorithm.checkpoint_state``: global_state, each stored client's
   private tensors, the attributes named in ``checkpoint_attributes``);
 - the loop's state: the next round, the client-sampling stream (``sampling_rng``), the byte
-  totals and the last per-client accuracies (test, validation, new clients; training seeds are
-  derived per (round, client); no optimizer state crosses rounds);
+  totals, the simulated time so far (the availability draws are derived from seed and round, so
+  they need no saved state) and the last per-client accuracies (test, validation, new clients; training seeds are
+  derived per (round, client); no optimizer state crosses rounds); with --dp the privacy state
+  (``engine.privacy.Privacy.state``: the adaptive clip, each client's DP-SGD steps);
 - the number of rounds.jsonl lines written (the file is cut back to it on resume) and the
   accuracy of the starting backbone (measured once, before round 1);
 - the run's identity hash: a checkpoint of other settings is never resumed.
@@ -45,7 +47,10 @@ def save_checkpoint(
         "sampling_rng": federation.sampling_rng.bit_generator.state,
         "bytes_up_total": federation.bytes_up_total,
         "bytes_down_total": federation.bytes_down_total,
+        "sim_time_total": federation.sim_time_total,  # the system model's clock (engine.availability)
         "client_accuracy": _floats(federation.client_accuracy),
+        # --dp: the adaptive clip norm and each client's DP-SGD steps (the noise is derived per round)
+        "privacy": federation.privacy.state() if federation.privacy is not None else None,
         "client_metrics": {name: _floats(values) for name, values in federation.client_metrics.items()},
     }
     if not json_safe(meta):
@@ -67,7 +72,10 @@ def restore_checkpoint(federation: Federation, tensors: dict[str, Any], meta: di
     federation.sampling_rng.bit_generator.state = meta["sampling_rng"]
     federation.next_round = meta["next_round"]
     federation.bytes_up_total, federation.bytes_down_total = meta["bytes_up_total"], meta["bytes_down_total"]
+    federation.sim_time_total = meta.get("sim_time_total", 0.0)
     federation.client_accuracy = _array(meta["client_accuracy"])
+    if federation.privacy is not None and meta.get("privacy") is not None:
+        federation.privacy.restore(meta["privacy"])
     federation.client_metrics = {name: _array(values) for name, values in meta.get("client_metrics", {}).items()}
 
 

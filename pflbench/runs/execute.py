@@ -83,6 +83,7 @@ def make_federation(prepared: PreparedRun, observers: Sequence[RunObserver] = ()
         observers,
         num_val=prepared.data.num_val if partition.has_val else None,
         new_clients=partition.new_clients,
+        num_ood=len(partition.ood),
     )
 
 

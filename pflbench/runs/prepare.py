@@ -21,8 +21,9 @@ from pflbench.config.identity import partition_identity, run_identity, run_name
 from pflbench.config.run_config import RunConfig, hyperparameters_from, resolve, validate
 from pflbench.data.dataset import FederatedData, TensorDataset, load_dataset
 from pflbench.data.partition import fit_num_clients, make_partition
-from pflbench.engine import EXECUTORS, Algorithm
+from pflbench.engine import EXECUTORS, Algorithm, ClientProgram
 from pflbench.engine.executor import make_executor
+from pflbench.engine.privacy import check_privacy, check_private_model
 from pflbench.errors import ConfigError
 from pflbench.models.pretrain import initial_weights, load_initial_weights
 from pflbench.models.zoo import build_model
@@ -97,6 +98,9 @@ def plan_run(
     # what ``rerun`` uses on another machine (the count is part of the identity on the CPU)
     config = dataclasses.replace(config, threads=resolved_threads(config.threads))
     algorithm_class.check_config(config, hparams)
+    sampled = config.sampled_per_round if config.num_clients is not None else None  # else checked once fitted
+    check_privacy(config.privacy_spec, algorithm_class, config.algo, config.executor, sampled)  # a true ε or a refusal
+    check_partial_work(config, algorithm_class)
     if config.finetune_epochs and not algorithm_class.has_global_model:
         raise ConfigError(
             f"--finetune-epochs fine-tunes the global model, and --algo {config.algo} has none; leave it at 0"
@@ -108,6 +112,19 @@ def plan_run(
         check_trackers(config.log)  # an unknown tracker or a missing library fails before any work
     resolve_device(config.device)
     return RunPlan(config, algorithm_class, hparams, applied)
+
+
+def check_partial_work(config: RunConfig, algorithm_class: Any) -> None:
+    """``--deadline-policy partial`` caps the engine's batch loop; an algorithm with its own local
+    update (``ClientProgram.local_update`` overridden) would ignore the cap: refused."""
+    if config.deadline is None or config.deadline_policy != "partial":
+        return
+    program_class = algorithm_class.program_class
+    if program_class.local_update is not ClientProgram.local_update:
+        raise ConfigError(
+            f"--deadline-policy partial caps the local steps of the engine's batch loop, and --algo "
+            f"{config.algo} trains with its own local update; use --deadline-policy drop"
+        )
 
 
 def preflight(plans: list[RunPlan]) -> None:
@@ -172,9 +189,12 @@ def prepare(
     )
     resolved["backbone"] = load_initial_weights(model, weights, config, split.public)
     resolved.update(algorithm_class.configure_model(model, config, hparams))
+    check_private_model(config.privacy_spec, model, config.sampled_per_round)  # DP-SGD: no BatchNorm
     model.to(device)
-    data = FederatedData(dataset, split.train, split.test, device, split.val)
+    dataset = split.shifted(dataset)  # --feature-shift: each client's samples in its domain, once, here
+    data = FederatedData(dataset, split.train, split.test, device, split.val, split.ood)
     algorithm = algorithm_class(config, hparams, model, data.num_train)
+    algorithm.client_domains = split.domain_labels  # partition.json's client_domains (IFCA scores its clusters)
     executor = make_executor(config.executor_spec, model, data)
     check = getattr(executor, "check_algorithm", None)
     if check is not None:  # an executor refuses what it cannot host now, not mid-run

@@ -35,7 +35,16 @@ COLUMNS = ("run", "algo", "dataset", "partition", "seed", "round", "metric", "va
 # Partition settings a partition's name shows (``RunConfig`` field → symbol); the others a
 # partitioner reads (min_size, the Dirichlet cut) stay in ``config_key``.
 PARTITION_SHOWN = {"alpha": "α", "shards_per_client": "shards"}
-PARTITION_KEYS = ("partition", "partition_file", *PARTITION_SHOWN)
+PARTITION_KEYS = (
+    "partition",
+    "partition_file",
+    *PARTITION_SHOWN,
+    "sizes",
+    "size_param",
+    "feature_shift",
+    "shift_groups",
+    "holdout_domain",
+)
 SUMMARY_NON_METRICS = {"alpha", "seed", "num_clients", "rounds", "evaluations"}
 ROUND_NON_METRICS = {"round", "clients"}
 NORMAL_STATUS = (None, "completed", "ok")
@@ -185,7 +194,23 @@ def partition_of(config: dict[str, Any]) -> str:
             if not _is_number(value) or value is None or not math.isfinite(value) or value < 0:
                 raise ValueError(f"config.json: {key} must be a finite number ≥ 0, got {str(value)[:50]}")
             shown.append(f"{symbol}={value:g}")
+    shown += _skew_labels(read)
+    if isinstance(read.get("holdout_domain"), str):  # --holdout-domain: one column per held-out domain
+        shown.append(f"holdout={read['holdout_domain']}")
     return " ".join(shown) if partition == "dirichlet" and shown else " ".join([partition, *shown])
+
+
+def _skew_labels(read: dict[str, Any]) -> list[str]:
+    """Quantity skew and feature shift as a partition's name shows them: ``sizes=powerlaw(β=1.5)``,
+    ``shift=rotate,noise×4`` (×G: G domains; none shown: one per client). Absent when off."""
+    shown = []
+    sizes, param = read.get("sizes"), read.get("size_param")
+    if isinstance(sizes, str) and sizes != "none" and _is_number(param) and param is not None:
+        shown.append(f"sizes={sizes}({'σ' if sizes == 'lognormal' else 'β'}={param:g})")
+    shift, groups = read.get("feature_shift"), read.get("shift_groups")
+    if isinstance(shift, str) and shift:
+        shown.append(f"shift={shift}" + (f"×{groups}" if isinstance(groups, int) and groups > 0 else ""))
+    return shown
 
 
 def partition_sort_key(label: str) -> tuple[Any, ...]:

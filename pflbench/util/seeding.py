@@ -26,6 +26,10 @@ STREAMS = (
     "personalize",
     "finetune",
     "adapt_new",
+    "availability",  # engine.availability: who is online (per round), their traces and speeds (per run)
+    "availability_trace",
+    "client_dropout",
+    "system_speeds",
 )
 
 

@@ -13,7 +13,11 @@ from pflbench.runs.api import run_experiment
 
 # Settings an algorithm needs beyond the shared ones: FedBN keeps BatchNorm layers local (the mlp
 # has none, which it refuses); SCAFFOLD's correction is defined for plain SGD only.
-OVERRIDES = {"fedbn": {"model": "cnn_bn"}, "scaffold": {"optimizer": "sgd", "lr": 0.1}}
+OVERRIDES = {
+    "fedbn": {"model": "cnn_bn"},
+    "scaffold": {"optimizer": "sgd", "lr": 0.1},
+    "fednova": {"optimizer": "sgd", "lr": 0.1},  # a_k counts SGD steps: FedNova refuses Adam
+}
 
 
 @pytest.mark.parametrize("algo", ALGORITHMS.names())

@@ -14,16 +14,27 @@ from pflbench.engine import FineTuneProgram, personalize
 from pflbench.registry import ALGORITHMS
 from pflbench.runs.prepare import prepare
 
-OVERRIDES = {"fedbn": {"model": "cnn_bn"}, "scaffold": {"optimizer": "sgd", "lr": 0.1}}
+OVERRIDES = {
+    "fedbn": {"model": "cnn_bn"},
+    "scaffold": {"optimizer": "sgd", "lr": 0.1},
+    "fednova": {"optimizer": "sgd", "lr": 0.1},  # a_k counts SGD steps: FedNova refuses Adam
+}
 # the built-ins (other tests may have registered plugins by the time these run)
 BUILT_IN = sorted(n for n in ALGORITHMS.names() if ALGORITHMS.get(n).__module__.startswith("pflbench.algorithms."))
 AS_IT_IS = {"fedavg", "fedprox", "moon", "feddyn", "scaffold", "fedala", "flexlora"}
+AS_IT_IS |= {"fedavgm", "fedadam", "fedyogi", "fedadagrad", "fednova"}  # server optimizers, FedNova
 FRESH_PRIVATE_PART = {"fedper", "fedrep", "lgfedavg", "fedbn", "fedrod", "local"}
+FRESH_PRIVATE_PART |= {"fedpac", "feddbe"}  # a fresh classifier / PRBM on the trained model
+FRESH_PRIVATE_PART |= {"fedas"}  # a fresh head on the global body
 OWN_PROGRAM = {
+    "fedproto": "FedProtoNewClientProgram",
     "ditto": "DittoNewClientProgram",
     "pfedme": "PFedMeNewClientProgram",
     "fedsdg": "FedSDGNewClientProgram",
     "perfedavg": "OneStepAdaptation",
+    "ifca": "IFCASelection",  # the lowest-loss cluster
+    "fedfomo": "FedFomoNewClientProgram",  # one FedFomo update from random downloads
+    "fedamp": "FedAMPNewClientProgram",  # FedAMP's objective towards the clients' mean
 }
 
 

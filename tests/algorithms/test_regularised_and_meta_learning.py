@@ -13,12 +13,14 @@ from torch import nn
 from pflbench.algorithms.apfl import ALPHA, APFL, LOCAL, APFLHyperparameters, apfl_gradients, apfl_mixture
 from pflbench.algorithms.ditto import PERSONAL, Ditto, DittoHyperparameters, ditto_personal_gradient
 from pflbench.algorithms.fedbabu import FedBABU, FedBABUHyperparameters
-from pflbench.algorithms.lgfedavg import LGFedAvg
+from pflbench.algorithms.lgfedavg import LGFedAvg, LGFedAvgHyperparameters
 from pflbench.algorithms.perfedavg import (
     OneStepAdaptation,
     PerFedAvg,
     PerFedAvgHyperparameters,
     adaptation_step,
+    exact_hessian_vector,
+    finite_difference_hessian_vector,
     meta_gradient,
 )
 from pflbench.algorithms.pfedme import (
@@ -231,11 +233,16 @@ def test_perfedavg_first_order_and_hessian_free_steps_on_a_quadratic():
 
     w, alpha = {"w": torch.tensor([1.0, 1.0])}, 0.1
     # w' = w − α(A₀w − b₀) = [1, 1] − 0.1·[1, 1] = [0.9, 0.9]; g = A₁w' − b₁ = [1.8, 2.6]
-    fo, _ = meta_gradient(gradient, w, [0, 1], alpha, "fo", 1e-3)
+    fo, _ = meta_gradient(gradient, w, [0, 1], alpha)
     assert torch.allclose(fo["w"], torch.tensor([1.8, 2.6]))
-    # hf: g − α·A₂·g = [1.8, 2.6] − 0.1·[9.8, 7.0] = [0.82, 1.9] (central differences are exact here)
-    hf, _ = meta_gradient(gradient, w, [0, 1, 2], alpha, "hf", 1e-2)
-    assert torch.allclose(hf["w"], torch.tensor([0.82, 1.9]), atol=1e-5)
+    # hf: g − α·A₂·g = [1.8, 2.6] − 0.1·[9.8, 7.0] = [0.82, 1.9], exact by double backward and
+    # by central differences (exact on a quadratic)
+    def loss(params, i):
+        return 0.5 * params["w"] @ A[i] @ params["w"] - b[i] @ params["w"]
+
+    for product in (exact_hessian_vector(loss), finite_difference_hessian_vector(gradient, 1e-2)):
+        hf, _ = meta_gradient(gradient, w, [0, 1, 2], alpha, product)
+        assert torch.allclose(hf["w"], torch.tensor([0.82, 1.9]), atol=1e-5)
     assert torch.allclose(adaptation_step(w, {"w": torch.tensor([1.0, -1.0])}, alpha)["w"], torch.tensor([0.9, 1.1]))
 
 
@@ -258,12 +265,12 @@ def mlp():
 
 
 def test_lgfedavg_shares_the_head_and_keeps_the_body():
-    algorithm = make(LGFedAvg, NoHyperparameters(), mlp())
+    algorithm = make(LGFedAvg, LGFedAvgHyperparameters(), mlp())
     assert set(algorithm.layout.shared) == {"fc3.weight", "fc3.bias"}
     assert set(algorithm.layout.private) == {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
     assert set(algorithm.broadcast(0)) == {"fc3.weight", "fc3.bias"}  # bytes: the head only
     assert LGFedAvg.uses_head_layers and not LGFedAvg.has_global_model
-    two = make(LGFedAvg, NoHyperparameters(), mlp(), head_layers=2)
+    two = make(LGFedAvg, LGFedAvgHyperparameters(), mlp(), head_layers=2)
     assert set(two.layout.shared) == {"fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"}
 
 

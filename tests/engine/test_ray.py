@@ -147,6 +147,42 @@ def test_ray_executor_gives_the_sequential_numbers(algo: str, local_ray, tmp_pat
 
 
 @needs_ray
+@pytest.mark.parametrize("dp", ["client", "sample"])
+def test_ray_executor_gives_the_sequential_numbers_with_dp(dp: str, local_ray, tmp_path: Path) -> None:
+    """--dp (engine.privacy): the server's noise is drawn in the driver, DP-SGD's from each job's
+    seed on the actor: the same numbers and ε as the sequential executor."""
+    pytest.importorskip("opacus")
+    settings = {**TINY, "dp": dp, "dp_noise": 0.8, "batch_size": 64}
+    execute(prepare(RunConfig(out=str(tmp_path / "seq"), **settings)))
+    execute(prepare(RunConfig(out=str(tmp_path / "ray"), executor="ray", ray_workers=2, **settings)))
+    on_ray = comparable(run_folder(tmp_path / "ray"))
+    assert on_ray == comparable(run_folder(tmp_path / "seq"))
+    assert on_ray["summary"]["dp_epsilon"] > 0
+
+
+@needs_ray
+def test_ray_executor_gives_the_sequential_numbers_with_stragglers(local_ray, tmp_path: Path) -> None:
+    """engine.availability: dropouts, partial work (each job's step cap travels to the actor)
+    and over-selection give the sequential executor's numbers, who reported and simulated time."""
+    settings = {
+        **TINY,
+        "num_clients": 6,
+        "frac": 0.5,
+        "dropout": 0.3,
+        "straggler_model": "lognormal",
+        "deadline": 0.5,
+        "deadline_policy": "partial",
+        "batch_size": 8,
+        "over_select": 0.34,
+    }
+    execute(prepare(RunConfig(out=str(tmp_path / "seq"), **settings)))
+    execute(prepare(RunConfig(out=str(tmp_path / "ray"), executor="ray", ray_workers=2, **settings)))
+    on_ray = comparable(run_folder(tmp_path / "ray"))
+    assert on_ray == comparable(run_folder(tmp_path / "seq"))
+    assert on_ray["summary"]["sim_time_total"] > 0 and "reported" in on_ray["rounds"][-1]
+
+
+@needs_ray
 def test_program_and_data_are_shipped_once(local_ray, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pflbench.engine import ClientProgram
 
@@ -339,6 +375,18 @@ NEW_ALGORITHMS = (
     "scaffold",
     "moon",
     "feddyn",
+    "fedavgm",
+    "fedadam",
+    "fedyogi",
+    "fedadagrad",
+    "fednova",
+    "fedproto",
+    "fedpac",
+    "feddbe",
+    "ifca",
+    "fedfomo",
+    "fedamp",
+    "fedas",
 )
 
 

@@ -1,0 +1,1 @@
+"""fedcp: being written (a helper fills this file)."""

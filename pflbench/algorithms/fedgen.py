@@ -1,0 +1,1 @@
+"""fedgen: being written (a helper fills this file)."""

@@ -1,0 +1,1 @@
+"""fedkd: being written (a helper fills this file)."""

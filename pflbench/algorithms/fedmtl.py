@@ -1,0 +1,1 @@
+"""fedmtl: being written (a helper fills this file)."""

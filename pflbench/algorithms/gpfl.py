@@ -1,0 +1,1 @@
+"""gpfl: being written (a helper fills this file)."""

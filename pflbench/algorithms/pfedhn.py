@@ -1,0 +1,1 @@
+"""pfedhn: being written (a helper fills this file)."""

@@ -1,0 +1,1 @@
+"""pflmoe: being written (a helper fills this file)."""
