@@ -19,16 +19,17 @@ Choices the paper leaves open, and what the authors' code (yuetan031/FedProto) a
   sample whose class has no global prototype contributing 0 (still counted in the mean). We do
   the same, so λ means what it means there. ``--proto-weight`` λ = 1 (the authors' ``--ld`` and
   PFLlib's ``--lamda`` default). In round 1 there are no global prototypes: the term is 0.
-- Eq. 5's weights: the paper weights by the classes' sample counts (above); both codes take the
-  plain mean over the clients holding the class. We follow the paper: each client uploads its
-  per-class sample counts with its prototypes.
+- Eq. 5's weights: the paper weights each client's prototype by its share of the class's
+  samples (above); both codes take the plain mean over the clients holding the class. We follow
+  the paper: each client uploads its per-class sample counts with its prototypes.
 - Which representations form C_k^(j): both codes average the representations seen *during*
   local training (train mode, every epoch). We compute Eq. 4 as written: one pass over the
   train split after local training, with the trained model in eval mode.
 - Inference (``--proto-inference``): ``prototype`` (default) predicts the class of the nearest
   global prototype, argmin_j ‖f_k(x) − C̄^(j)‖² over the classes that have one — PFLlib's
-  evaluation and the authors' reported "with protos" accuracy (the authors' code restricts the
-  argmin to the classes the client holds, an oracle we do not use). Before any global prototype
+  evaluation and the authors' "with protos" accuracy (their code restricts the argmin to the
+  classes the client holds, an oracle we do not use, and never resets its counters, so its printed
+  per-client numbers are running totals over clients and both predictions). Before any global prototype
   exists the head predicts. ``head`` evaluates the local model's own classifier h_k(f_k(x))
   (the authors' "w/o protos" number).
 

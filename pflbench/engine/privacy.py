@@ -221,6 +221,10 @@ def client_level_refusal(algorithm: type) -> str | None:
             program.local_update is ClientProgram.local_update,
             "its clients' update is its own code (it overrides local_update), which may upload anything",
         ),
+        (
+            algorithm.round_diagnostics is Algorithm.round_diagnostics,
+            "its round diagnostics read the raw uploads (it overrides round_diagnostics)",
+        ),
     ]
     return next((why for ok, why in checks if not ok), None)
 
@@ -264,14 +268,19 @@ def check_privacy(
     opacus_accountant()
 
 
-def check_private_model(spec: PrivacySpec | None, model: torch.nn.Module, sampled_per_round: int) -> None:
-    """What needs the model and the number of clients: DP-SGD needs per-sample gradients, which a
-    BatchNorm layer (batch statistics) has not; adaptive clipping needs z < 2σ_b (σ_b: m/20 by
-    default)."""
-    if spec is not None and spec.adaptive_quantile:
+def check_private_algorithm(spec: PrivacySpec | None, algorithm: Algorithm, sampled_per_round: int) -> None:
+    """What needs the built algorithm and the number of clients (before anything is written): an
+    algorithm that uploads nothing releases nothing to make private; DP-SGD needs per-sample
+    gradients, which a BatchNorm layer (batch statistics) has not; adaptive clipping needs
+    z < 2σ_b (σ_b: m/20 by default)."""
+    if spec is None:
+        return
+    if not algorithm.layout.shared:
+        raise ConfigError(f"--dp: --algo {algorithm.config.algo} uploads nothing, so there is nothing to make private")
+    if spec.adaptive_quantile:
         update_noise_multiplier(spec.noise, count_noise(spec, sampled_per_round))
-    if spec is not None and spec.mode == "sample":
-        norms = [n for n, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if spec.mode == "sample":
+        norms = [n for n, m in algorithm.model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
         if norms:
             raise ConfigError(
                 f"--dp sample cannot clip per-sample gradients through BatchNorm ({norms[0]}); use a model without it (e.g. --model cnn)"

@@ -23,7 +23,7 @@ from pflbench.data.dataset import FederatedData, TensorDataset, load_dataset
 from pflbench.data.partition import fit_num_clients, make_partition
 from pflbench.engine import EXECUTORS, Algorithm, ClientProgram
 from pflbench.engine.executor import make_executor
-from pflbench.engine.privacy import check_privacy, check_private_model
+from pflbench.engine.privacy import check_privacy, check_private_algorithm
 from pflbench.errors import ConfigError
 from pflbench.models.pretrain import initial_weights, load_initial_weights
 from pflbench.models.zoo import build_model
@@ -189,11 +189,11 @@ def prepare(
     )
     resolved["backbone"] = load_initial_weights(model, weights, config, split.public)
     resolved.update(algorithm_class.configure_model(model, config, hparams))
-    check_private_model(config.privacy_spec, model, config.sampled_per_round)  # DP-SGD: no BatchNorm
     model.to(device)
     dataset = split.shifted(dataset)  # --feature-shift: each client's samples in its domain, once, here
     data = FederatedData(dataset, split.train, split.test, device, split.val, split.ood)
     algorithm = algorithm_class(config, hparams, model, data.num_train)
+    check_private_algorithm(config.privacy_spec, algorithm, config.sampled_per_round)  # --dp: no BatchNorm, ...
     algorithm.client_domains = split.domain_labels  # partition.json's client_domains (IFCA scores its clusters)
     executor = make_executor(config.executor_spec, model, data)
     check = getattr(executor, "check_algorithm", None)

@@ -32,7 +32,7 @@ from pflbench.algorithms.pfedme import (
     pfedme_server_update,
 )
 from pflbench.config.run_config import RunConfig
-from pflbench.engine import ClientJob, LocalTrainer, NoHyperparameters
+from pflbench.engine import ClientJob, LocalTrainer
 from pflbench.errors import ConfigError
 from pflbench.models.zoo import build_model
 from pflbench.runs.api import run_experiment
@@ -235,6 +235,7 @@ def test_perfedavg_first_order_and_hessian_free_steps_on_a_quadratic():
     # w' = w − α(A₀w − b₀) = [1, 1] − 0.1·[1, 1] = [0.9, 0.9]; g = A₁w' − b₁ = [1.8, 2.6]
     fo, _ = meta_gradient(gradient, w, [0, 1], alpha)
     assert torch.allclose(fo["w"], torch.tensor([1.8, 2.6]))
+
     # hf: g − α·A₂·g = [1.8, 2.6] − 0.1·[9.8, 7.0] = [0.82, 1.9], exact by double backward and
     # by central differences (exact on a quadratic)
     def loss(params, i):
