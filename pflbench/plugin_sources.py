@@ -343,6 +343,22 @@ def algorithm_hyperparameters() -> dict[str, tuple[Hyperparameter, ...]]:
     return dict(sorted(hyperparameters.items()))
 
 
+def declared_method_family(name: str) -> str:
+    """The ``method_family`` algorithm ``name``'s class declares ("" when none, or when no
+    registered algorithm has that name: a results folder from elsewhere), read like
+    ``declared_display_name``."""
+    if name not in ALGORITHMS._items and not ALGORITHMS._entry_points_loaded:
+        found, unread = _static_algorithms()
+        if name in found:
+            family = found[name][1].attributes.get("method_family", "")
+            return family if isinstance(family, str) else ""
+        if not unread:
+            return ""
+    if name not in ALGORITHMS.items:
+        return ""
+    return str(getattr(ALGORITHMS.get(name), "method_family", "") or "")
+
+
 def declared_display_name(name: str) -> Any:
     """The ``display_name`` algorithm ``name``'s class declares (None: none), read from its
     source while it can be (``pflbench leaderboard`` must not pay for torch); ConfigError for

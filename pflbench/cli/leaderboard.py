@@ -130,6 +130,12 @@ class LeaderboardCommand(click.Command):
     show_default=True,
     help="Decimals shown; values equal at this precision tie (same rank, no single bold).",
 )
+@click.option(
+    "--families",
+    is_flag=True,
+    help="Add a Family column (the pFL survey's method families, as `pflbench list` groups them) and group "
+    "the rows by family, in the survey's order (--order applies within each family).",
+)
 @click.option("--caption", help="Caption: the table's title (LaTeX \\caption, HTML caption, Markdown 'Table:' line).")
 @click.option(
     "--output",
@@ -211,6 +217,7 @@ def leaderboard_command(
     allow_test_selection: bool,
     order: str,
     precision: int,
+    families: bool,
     caption: str | None,
     output: str | None,
     plots: str | None,
@@ -297,6 +304,7 @@ def leaderboard_command(
         precision=precision,
         order=order,
         caption=caption,
+        families=families,
     )
     if select_by is not None:  # the plots show the selected settings' runs
         frame = select_settings(frame, select_by, allow_test_selection)[0]

@@ -23,6 +23,23 @@ METHOD_FAMILIES: dict[str, str] = {
     "local": "No federation (local training only)",
 }
 
+# What a table's Family column shows (short; the titles above are for `pflbench list`).
+SHORT_LABELS: dict[str, str] = {
+    "global": "global model",
+    "regularization": "regularisation",
+    "meta_learning": "meta-learning",
+    "decoupling": "decoupling",
+    "representation": "representation",
+    "distillation": "distillation",
+    "multi_task": "multi-task",
+    "clustering": "clustering",
+    "mixture_of_experts": "mixture of experts",
+    "model_combination": "model combination",
+    "hypernetwork": "hypernetwork",
+    "low_rank": "low-rank adaptation",
+    "local": "local only",
+}
+
 UNGROUPED = "other"  # an algorithm (e.g. a plugin) that names no family, or one not listed above
 
 
@@ -33,3 +50,13 @@ def family_of(key: object) -> str:
 
 def family_title(key: str) -> str:
     return METHOD_FAMILIES.get(key, "Other (no family named)")
+
+
+def short_label(key: str) -> str:
+    return SHORT_LABELS.get(key, UNGROUPED)
+
+
+def family_rank(key: str) -> int:
+    """Position in the survey's order (unknown families last)."""
+    order = list(METHOD_FAMILIES)
+    return order.index(key) if key in order else len(order)

@@ -22,6 +22,7 @@ from pflbench.report.table import (
     body_rows,
     caption_text,
     columns_of,
+    family_texts,
     multi_quantity,
     notes,
     rank_text,
@@ -124,15 +125,17 @@ def _header_lines(table: pd.DataFrame) -> list[str]:
         levels.append(lambda c: c)
         texts.append(lambda key: stacked(quantity(key[2]).label))
     lines = []
+    family = bool(table.attrs.get("families"))  # a Family column after the algorithm's
     for depth, (level, text) in enumerate(zip(levels, texts)):
-        start, parts, rules = 2, [], []
+        start, parts, rules = 3 if family else 2, [], []
         for key, length in spans([level(c) for c in columns]):
             parts.append(rf"\multicolumn{{{length}}}{{c}}{{{text(key)}}}")
             rules.append(rf"\cmidrule(lr){{{start}-{start + length - 1}}}")
             start += length
         last = depth == len(levels) - 1
         ranks = ["Avg. rank", "Rank"] if last else ["", ""]
-        lines.append(" & ".join(["Algorithm" if last else "", *parts, *ranks]) + r" \\")
+        labels = ["Algorithm", "Family"] if family else ["Algorithm"]
+        lines.append(" & ".join([*(labels if last else [""] * len(labels)), *parts, *ranks]) + r" \\")
         if not last:
             lines.append(" ".join(rules))
     return lines
@@ -140,8 +143,13 @@ def _header_lines(table: pd.DataFrame) -> list[str]:
 
 def _tabular(table: pd.DataFrame) -> list[str]:
     columns = columns_of(table)
-    lines = [r"\begin{tabular}{l" + "c" * len(columns) + "cc}", r"\toprule", *_header_lines(table), r"\midrule"]
-    lines += [" & ".join([row, *cells_]) + r" \\" for row, cells_ in body_rows(table, LATEX)]
+    families = family_texts(table, LATEX)
+    spec = "ll" if families else "l"
+    lines = [r"\begin{tabular}{" + spec + "c" * len(columns) + "cc}", r"\toprule", *_header_lines(table), r"\midrule"]
+    lines += [
+        " & ".join([row, *([families[i]] if families else []), *cells_]) + r" \\"
+        for i, (row, cells_) in enumerate(body_rows(table, LATEX))
+    ]
     return lines + [r"\bottomrule", r"\end{tabular}"]
 
 
@@ -155,6 +163,9 @@ def _transposed(table: pd.DataFrame) -> list[str]:
         " & ".join([f"Dataset, {partition_heading(columns)}", *(row for row, _ in rows)]) + r" \\",
         r"\midrule",
     ]
+    families = family_texts(table, LATEX)
+    if families:
+        lines.append(" & ".join(["Family", *families]) + r" \\")
     for index, column in enumerate(columns):
         label = f"{latex_escape(column[0])}, {partition_tex(column[1])}"
         if multi:

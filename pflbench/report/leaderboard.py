@@ -23,7 +23,9 @@ from typing import Any
 import pandas as pd
 
 from pflbench.errors import ConfigError
+from pflbench.plugin_sources import declared_method_family
 from pflbench.report import stats
+from pflbench.report.families import family_of, family_rank
 from pflbench.report.marks import Cell, cells, max_seeds, row_ranks
 from pflbench.report.names import display_name, flat_setting, quantity, setting_text, setup_text, varying_settings
 from pflbench.report.plots import plot_curves
@@ -154,6 +156,7 @@ def pivot(
     precision: int = 2,
     order: str = "name",
     caption: str | None = None,
+    families: bool = False,
 ) -> pd.DataFrame:
     """Rows = algorithms (split by differing settings, or one setting chosen per algorithm and
     column group with ``select_by``), columns = (dataset, partition, quantity, stat): quantities
@@ -163,7 +166,8 @@ def pivot(
     ``interval="ci95"``), n = seeds. ``attrs`` keep the per-seed values for the paired ``test``
     (ttest | wilcoxon | none) at ``level``, and how to show the table: ``precision`` decimals,
     row ``order`` (``name``, ``rank``, a metric of the table: by average rank over its columns,
-    or ``algo,algo,...``), ``caption``."""
+    or ``algo,algo,...``), ``caption``; ``families``: a Family column (the survey's method
+    families, ``report.families``) and rows grouped by family in the survey's order."""
     if frame.empty:
         raise ConfigError("no finished runs to tabulate")
     if interval not in stats.INTERVALS or test not in stats.TESTS:
@@ -229,8 +233,16 @@ def pivot(
         selection=_selection_attrs(selection, frame, labels, renames),
         row_algos={label: str(algos[run]) for run, label in labels.items()},
         learning_rates=row_learning_rates(frame, labels),
+        families=row_families(table.index, {label: str(algos[run]) for run, label in labels.items()})
+        if families
+        else {},
     )
     return order_rows(table, order, renames)
+
+
+def row_families(rows: Iterable[str], row_algos: Mapping[str, str]) -> dict[str, str]:
+    """Table row → its algorithm's method family key (``other`` when it names none)."""
+    return {row: family_of(declared_method_family(row_algos.get(row, row))) for row in rows}
 
 
 def _cells_over_seeds(values: pd.DataFrame, interval: str) -> tuple[dict, dict, dict]:
@@ -309,6 +321,9 @@ def order_rows(table: pd.DataFrame, order: str, renames: Mapping[str, str] | Non
                 )
             ordered += named
         ordered += [r for r in rows if r not in ordered]
+    families = table.attrs.get("families") or {}
+    if families:  # grouped by family (survey order), the given order within each family
+        ordered = sorted(ordered, key=lambda r: family_rank(families.get(r, "")))
     attrs = dict(table.attrs)
     table = table.loc[ordered]
     table.attrs = attrs

@@ -26,6 +26,7 @@ from pflbench.report.table import (
     body_rows,
     caption_text,
     columns_of,
+    family_texts,
     header_text,
     multi_quantity,
     notes,
@@ -64,8 +65,14 @@ def to_markdown(table: pd.DataFrame) -> str:
 
     columns = columns_of(table)
     headers = [_md_escape(header_text(c, multi_quantity(table))) for c in columns]
-    lines = [line(["Algorithm", *headers, "Avg. rank", "Rank"]), "| :-- |" + " --: |" * (len(columns) + 2)]
-    lines += [line([row, *texts]) for row, texts in body_rows(table, MARKDOWN)]
+    families = family_texts(table, MARKDOWN)
+    family_head, family_align = (["Family"], " :-- |") if families else ([], "")
+    lines = [
+        line(["Algorithm", *family_head, *headers, "Avg. rank", "Rank"]),
+        "| :-- |" + family_align + " --: |" * (len(columns) + 2),
+    ]
+    rows = body_rows(table, MARKDOWN)
+    lines += [line([row, *([families[i]] if families else []), *texts]) for i, (row, texts) in enumerate(rows)]
     caption = table.attrs.get("caption")  # pandoc reads "Table: ..." next to a table as its caption
     head = f"Table: {_md_escape(caption)}\n\n" if caption else ""
     return head + "\n".join(lines) + "\n\n" + "\n\n".join(map(_md_escape, notes(table))) + "\n"
@@ -95,16 +102,24 @@ def to_html(table: pd.DataFrame) -> str:
         lambda key: html.escape(quantity(key[2]).label),
     ]
     head = []
+    families = family_texts(table, HTML)
     for depth, level in enumerate(levels):
         first = f'<th rowspan="{len(levels)}">Algorithm</th>' if depth == 0 else ""
+        if depth == 0 and families:
+            first += f'<th rowspan="{len(levels)}">Family</th>'
         last = f'<th rowspan="{len(levels)}">Avg. rank</th><th rowspan="{len(levels)}">Rank</th>' if depth == 0 else ""
         groups = "".join(
             f'<th colspan="{length}">{texts[depth](key)}</th>' for key, length in spans([level(c) for c in columns])
         )
         head.append(f"<tr>{first}{groups}{last}</tr>")
     body = [
-        "<tr><th>" + row + "</th>" + "".join(f"<td>{t}</td>" for t in texts_) + "</tr>"
-        for row, texts_ in body_rows(table, HTML)
+        "<tr><th>"
+        + row
+        + "</th>"
+        + (f'<td style="text-align:left">{families[i]}</td>' if families else "")
+        + "".join(f"<td>{t}</td>" for t in texts_)
+        + "</tr>"
+        for i, (row, texts_) in enumerate(body_rows(table, HTML))
     ]
     paragraphs = "".join(f'<p class="note">{html.escape(note)}</p>\n' for note in notes(table))
     caption = html.escape(caption_text(table))
@@ -149,6 +164,10 @@ def to_csv(table: pd.DataFrame) -> str:
         }
         for (row, column), cell in table_cells.items()
     ]
+    families = table.attrs.get("families") or {}
+    if families:  # --families: each line names its row's method family
+        for record in records:
+            record["family"] = families.get(record["algorithm"], "")
     rates = table.attrs.get("learning_rates") or {}
     if rates:  # the rows ran at different learning rates: each line says its row's
         for record in records:

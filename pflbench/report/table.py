@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from pflbench.report.families import short_label
 from pflbench.report.marks import MIN_PAIRS, Cell, cells, max_seeds, precision_of, row_ranks
 from pflbench.report.names import LAST, quantity, readable
 from pflbench.report.targets import QUANTITIES, SIM_TIME
@@ -184,6 +185,10 @@ def notes(table: pd.DataFrame) -> list[str]:
     )
     if any(label.endswith("]") for label in table.index):
         result.append("[status]: runs that did not end normally (e.g. diverged), shown apart, never averaged in.")
+    if table.attrs.get("families"):
+        result.append(
+            "Family: each algorithm's family of pFL methods (as `pflbench list` groups them); rows grouped by family."
+        )
     rates = table.attrs.get("learning_rates") or {}
     if rates:
         result.append(learning_rate_note(table))
@@ -198,6 +203,15 @@ def learning_rate_note(table: pd.DataFrame) -> str:
     rates = table.attrs.get("learning_rates") or {}
     listed = "; ".join(f"{row}: {rates[row]}" for row in table.index if row in rates)
     return f"Not one learning rate for all: the rows ran at different learning rates ({listed})."
+
+
+def family_texts(table: pd.DataFrame, style: Style) -> list[str] | None:
+    """Each row's method family (short label, escaped) when the table has a Family column
+    (``--families``), else None."""
+    families = table.attrs.get("families") or {}
+    if not families:
+        return None
+    return [style.escape(short_label(families.get(row, ""))) for row in table.index]
 
 
 def body_rows(table: pd.DataFrame, style: Style) -> list[tuple[str, list[str]]]:
