@@ -105,7 +105,7 @@ class FedAMPProgram(ClientProgram[FedAMPHyperparameters]):
 
     def loss_terms(self, forward, params, inputs, targets, received):
         terms = super().loss_terms(forward, params, inputs, targets, received)
-        cloud = {n: received[CLOUD + n] for n in self.layout.trainable}
+        cloud = {n: received[CLOUD + n] for n in self.layout.trainable if CLOUD + n in received}  # all, from broadcast
         terms["attention"] = proximal_term(params, cloud, self.hparams.lamda / self.hparams.alpha_k)
         return terms
 

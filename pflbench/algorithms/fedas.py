@@ -159,9 +159,8 @@ class FedASProgram(ClientProgram[FedASHyperparameters]):
         trainer.load(received)
         return class_prototypes(torch.cat(parts), torch.cat(labels))
 
-    def align(self, trainer: LocalTrainer) -> float:
-        """Parameter alignment of the received body towards the previous body's prototypes;
-        returns the mean alignment loss (NaN without steps)."""
+    def align(self, trainer: LocalTrainer) -> None:
+        """Parameter alignment of the received body towards the previous body's prototypes."""
         job = trainer.job
         body = {n: job.private[BODY + n] for n in self.layout.shared}
         prototypes = self.prototypes(trainer, body)
@@ -169,7 +168,6 @@ class FedASProgram(ClientProgram[FedASHyperparameters]):
         params = trainer.train_only(names, self.layout.trainable)
         optimizer = trainer.optimizer(OptimizerSpec(kind="sgd", lr=self.hparams.align_lr), params)
         features = self.features(trainer)
-        total, steps = 0.0, 0
         for _ in range(self.hparams.align_epochs):
             for inputs, targets in trainer.epoch():
                 loss = alignment_loss(features(inputs), targets, prototypes)
@@ -178,19 +176,17 @@ class FedASProgram(ClientProgram[FedASHyperparameters]):
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
-                total, steps = total + float(loss.detach()), steps + 1
         trainer.train_only(frozenset(self.layout.trainable), self.layout.trainable)
-        return total / steps if steps else float("nan")
 
     def fisher_trace(self, trainer: LocalTrainer) -> float:
         """Σ over one pass of minibatches of ‖∇ mean NLL‖² over every trainable parameter."""
         params = [trainer.params[n] for n in self.layout.trainable]
         trainer.model.eval()
-        total = torch.zeros((), dtype=torch.float64, device=trainer.device)
+        total = torch.zeros((), device=trainer.device)
         for inputs, targets in trainer.epoch():
             nll = F.cross_entropy(trainer.model(inputs), targets)
             for gradient in torch.autograd.grad(nll, params):
-                total += gradient.double().pow(2).sum()
+                total += gradient.pow(2).sum()
         trainer.model.train()
         return float(total)
 

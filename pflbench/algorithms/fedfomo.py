@@ -17,9 +17,10 @@ round's downloads ε-greedily: with probability ε, M clients drawn uniformly fr
 that have a model; otherwise the M with the largest P_{i,n} (ties to the lower id); ε decays
 linearly per round, ε_t = max(0, ε₀ − (t − 1)·δ) (``fomo_epsilon``).
 
-Defaults: M = 5 (``--downloads``, PFLlib's M), ε₀ = 0.3 and δ = 0.05 (``--epsilon``,
-``--epsilon-decay``; the paper's ε-greedy setting). Where fewer than M other clients have a model
-(round 1: none), the client downloads them all.
+Defaults: M = 5 (``--downloads``, PFLlib's M), ε₀ = 0.3 decayed by δ = 0.05 per round
+(``--epsilon``, ``--epsilon-decay``: our reading of the paper's ε-greedy setup; PFLlib does not
+explore and always takes the top M of P, which is ``--epsilon 0``). Where fewer than M other
+clients have a model (round 1: none), the client downloads them all.
 
 Choices the paper leaves open, and what this file does:
 
@@ -151,10 +152,10 @@ class FedFomoProgram(ClientProgram[FedFomoHyperparameters]):
 
     @torch.no_grad()
     def loss(self, trainer: LocalTrainer, params: Tensors, indices: torch.Tensor) -> float:
-        total = torch.zeros((), dtype=torch.float64, device=trainer.device)
+        total = 0.0  # a Python float: exact enough, and no float64 on devices without it
         for start in range(0, len(indices), LOSS_CHUNK):
             inputs, targets = trainer.data.gather(indices[start : start + LOSS_CHUNK])
-            total += F.cross_entropy(trainer.forward(params, inputs), targets, reduction="sum").double()
+            total += F.cross_entropy(trainer.forward(params, inputs), targets, reduction="sum").item()
         return float(total) / max(len(indices), 1)
 
     def downloads(self, received: Tensors) -> dict[int, Tensors]:

@@ -20,7 +20,10 @@ Choices the paper leaves open, and what this file does:
   run's initial model (``--seed``'s init stream); cluster j ≥ 1 re-initialises every module whose
   own parameters are all trainable (``reset_parameters``) from the seed
   ``derive_seed(seed, "ifca.init", j)``, on the CPU, so the clusters differ and the run stays
-  reproducible on any device. Frozen tensors (a LoRA backbone) are the same in every cluster.
+  reproducible on any device. Frozen tensors (a LoRA backbone) are the same in every cluster;
+  with ``--pretrained``/``--weights`` clusters ≥ 1 lose the pretrained values of the re-initialised
+  modules (the paper's random initialisation). Random initialisation can let one cluster win every
+  client from the first round (then IFCA is FedAvg): rounds.jsonl's ``ifca_cluster_sizes`` shows it.
 - Ties in the argmin go to the lowest cluster index. The losses are computed in eval mode
   (BatchNorm running statistics, no dropout) over the whole train split.
 - Evaluation (``pers_acc``) uses the paper's rule with the *current* models: each client picks the
@@ -149,10 +152,10 @@ class IFCAProgram(ClientProgram[IFCAHyperparameters]):
         losses = []
         for j in range(self.hparams.clusters):
             params = self.cluster(trainer.job.received, j)
-            total = torch.zeros((), dtype=torch.float64, device=trainer.device)
+            total = 0.0  # a Python float: exact enough, and no float64 on devices without it
             for start in range(0, len(indices), LOSS_CHUNK):
                 inputs, targets = trainer.data.gather(indices[start : start + LOSS_CHUNK])
-                total += F.cross_entropy(trainer.forward(params, inputs), targets, reduction="sum").double()
+                total += F.cross_entropy(trainer.forward(params, inputs), targets, reduction="sum").item()
             losses.append(float(total) / max(len(indices), 1))
         trainer.model.train(was_training)
         return losses

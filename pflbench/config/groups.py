@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "AttackSpec",
     "AvailabilitySpec",
     "ExecutorSpec",
     "FederationSpec",
@@ -16,6 +17,7 @@ __all__ = [
     "LocalSpec",
     "PartitionSpec",
     "PrivacySpec",
+    "RobustSpec",
 ]
 
 
@@ -103,6 +105,31 @@ class PrivacySpec:
 
 
 @dataclass(frozen=True)
+class AttackSpec:
+    """Malicious clients (``engine.attacks``): the attack, the fraction of the training clients
+    that are attackers, λ / σ of the scaled and Gaussian updates, and the backdoor's target
+    label and share of each attacker's train samples that carry the trigger."""
+
+    kind: str
+    fraction: float
+    scale: float = 10.0
+    backdoor_target: int = 0
+    backdoor_frac: float = 0.5
+
+
+@dataclass(frozen=True)
+class RobustSpec:
+    """``--robust-agg`` (``engine.robust``) and its parameters: β per side (trimmed mean), f and
+    the number selected (Krum / Multi-Krum), M (norm bounding)."""
+
+    rule: str
+    trim_frac: float = 0.1
+    krum_f: int = 1
+    krum_select: int = 1
+    norm_bound: float = 1.0
+
+
+@dataclass(frozen=True)
 class FederationSpec:
     """What the round loop reads (``engine.federation.Federation``)."""
 
@@ -115,6 +142,8 @@ class FederationSpec:
     local: LocalSpec  # the fine-tuning of --finetune-epochs trains like a client
     availability: AvailabilitySpec = AvailabilitySpec()  # off: every sampled client reports
     privacy: PrivacySpec | None = None  # --dp client|sample (engine.privacy); None: off
+    attack: AttackSpec | None = None  # --attack (engine.attacks); None: every client is honest
+    robust: RobustSpec | None = None  # --robust-agg (engine.robust); None: the algorithm's own rule
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 from pflbench.config import lora
 from pflbench.config.groups import PartitionSpec
-from pflbench.config.run_config import RunConfig
+from pflbench.config.run_config import FEATURE_SHIFTS, RunConfig, feature_shift_names
 from pflbench.registry import PARTITIONERS
 from pflbench.util.hashing import settings_hash
 from pflbench.util.threads import resolved_threads
@@ -70,7 +70,9 @@ def feature_shift_settings(spec: PartitionSpec | RunConfig) -> dict[str, Any]:
     runs made before it keep their identities."""
     if not spec.feature_shift:
         return {}
-    return {"feature_shift": spec.feature_shift, "shift_groups": spec.shift_groups}
+    named = feature_shift_names(spec.feature_shift)  # in a fixed order: "noise, rotate" is "rotate,noise"
+    canonical = ",".join(name for name in FEATURE_SHIFTS if name in named)
+    return {"feature_shift": canonical, "shift_groups": spec.shift_groups}
 
 
 def partitioner_arguments(spec: PartitionSpec | RunConfig) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from pflbench.config.defaults import AUTO_FIELDS, BASE_DEFAULTS, family_defaults
 from pflbench.config.groups import (
+    AttackSpec,
     AvailabilitySpec,
     ExecutorSpec,
     FederationSpec,
@@ -27,6 +28,7 @@ from pflbench.config.groups import (
     LocalSpec,
     PartitionSpec,
     PrivacySpec,
+    RobustSpec,
 )
 from pflbench.errors import ConfigError
 
@@ -39,6 +41,9 @@ AVAILABILITY_TRACES = ("always", "bernoulli", "cyclic")  # --availability (engin
 STRAGGLER_MODELS = ("none", "lognormal")  # --straggler-model
 DEADLINE_POLICIES = ("drop", "partial")  # --deadline-policy
 DP_MODES = ("off", "client", "sample")  # --dp (engine.privacy)
+ATTACKS = ("none", "label-flip", "sign-flip", "scale", "gaussian", "backdoor")  # --attack (engine.attacks)
+MODEL_POISONING = ("sign-flip", "scale", "gaussian")  # attacks on the uploads (the rest poison the data)
+ROBUST_AGGREGATORS = ("none", "median", "trimmed-mean", "krum", "multi-krum", "norm-bound")  # engine.robust
 FEATURE_SHIFTS = ("rotate", "contrast", "color", "noise", "blur", "invert")  # --feature-shift (data.feature_shift)
 
 
@@ -188,6 +193,33 @@ class RunConfig:
     dp_count_noise: float = option(
         0.0, "Noise σ_b of --dp-adaptive-quantile's clipped count; 0 = m/20 (the paper's choice)."
     )
+    attack: str = option(
+        "none",
+        "Malicious clients (engine.attacks; a fraction --attackers of the training clients, a seeded "
+        "choice fixed for the run): label-flip (their train labels y → C−1−y), sign-flip (they upload "
+        "received − Δ), scale (received + λ·Δ), gaussian (received + N(0, λ²) per entry; λ = "
+        "--attack-scale), backdoor (a 3×3 white patch in the bottom-right corner and label "
+        "--backdoor-target on a share --backdoor-frac of their train images; asr measured). none = off.",
+        choices=ATTACKS,
+    )
+    attackers: float = option(0.0, "Fraction of the training clients that are malicious (--attack), in [0, 1).")
+    attack_scale: float = option(
+        10.0, "λ of --attack scale (Δ → λ·Δ) and the std of --attack gaussian (Δ ~ N(0, λ²) per entry)."
+    )
+    backdoor_target: int = option(0, "The label --attack backdoor teaches for the trigger.")
+    backdoor_frac: float = option(0.5, "Share of each attacker's train samples that --attack backdoor poisons, in (0, 1].")
+    robust_agg: str = option(
+        "none",
+        "Robust aggregation of the model updates (engine.robust), for algorithms whose aggregation is "
+        "FedAvg's average: median (coordinate-wise), trimmed-mean (--trim-frac per side), krum / "
+        "multi-krum (--krum-f, --krum-select), norm-bound (each update clipped to --norm-bound, then "
+        "averaged). none = the algorithm's own rule.",
+        choices=ROBUST_AGGREGATORS,
+    )
+    trim_frac: float = option(0.1, "β of --robust-agg trimmed-mean: the fraction trimmed on each side, in [0, 0.5).")
+    krum_f: int = option(1, "f of --robust-agg krum / multi-krum: the Byzantine clients tolerated (needs M > 2f + 2).")
+    krum_select: int = option(0, "Updates --robust-agg multi-krum averages; 0 = m − f (m: the reports of the round).")
+    norm_bound: float = option(1.0, "M of --robust-agg norm-bound: each model update is clipped to norm M.")
     local_epochs: int = option(1, "Local epochs per round.")
     batch_size: int = option(32, "Local minibatch size.")
     lr: float | None = option(
@@ -345,7 +377,21 @@ class RunConfig:
             self.local_spec,
             self.availability_spec,
             self.privacy_spec,
+            self.attack_spec,
+            self.robust_spec,
         )
+
+    @property
+    def attack_spec(self) -> AttackSpec | None:
+        if self.attack == "none":
+            return None
+        return AttackSpec(self.attack, self.attackers, self.attack_scale, self.backdoor_target, self.backdoor_frac)
+
+    @property
+    def robust_spec(self) -> RobustSpec | None:
+        if self.robust_agg == "none":
+            return None
+        return RobustSpec(self.robust_agg, self.trim_frac, self.krum_f, self.krum_select, self.norm_bound)
 
     @property
     def privacy_spec(self) -> PrivacySpec | None:
@@ -530,6 +576,7 @@ def validate(config: RunConfig) -> None:
     check_quantity_and_shift(config)
     check_availability(config)
     check_privacy_settings(config)
+    check_attack_settings(config)
     check_new_clients_fraction(config.new_clients)
     if config.num_clients is not None:  # else checked once K is fitted (data.partition.fit_num_clients)
         new_client_count(config.num_clients, config.new_clients)
@@ -617,6 +664,51 @@ def check_privacy_settings(config: RunConfig) -> None:
         (
             math.isfinite(config.dp_count_noise) and config.dp_count_noise >= 0,
             f"--dp-count-noise must be ≥ 0 (0 = m/20), got {config.dp_count_noise}",
+        ),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def check_attack_settings(config: RunConfig) -> None:
+    """--attack, --robust-agg and their settings (engine.attacks, engine.robust): one ConfigError
+    line on a bad value (what needs the number of clients or the algorithm: ``engine.attacks``)."""
+    for name, valid in (("attack", ATTACKS), ("robust_agg", ROBUST_AGGREGATORS)):
+        if getattr(config, name) not in valid:
+            raise ConfigError(f"--{name.replace('_', '-')} {getattr(config, name)!r} is not one of: {', '.join(valid)}")
+    fraction = config.attackers
+    checks = [
+        (
+            isinstance(fraction, (int, float)) and math.isfinite(fraction) and 0 <= fraction < 1,
+            f"--attackers must be a fraction in [0, 1) of the training clients, got {fraction}",
+        ),
+        (
+            config.attack == "none" or fraction > 0,
+            f"--attack {config.attack} needs malicious clients: give --attackers FRAC > 0 (e.g. 0.2)",
+        ),
+        (
+            math.isfinite(config.attack_scale) and config.attack_scale > 0,
+            f"--attack-scale must be a finite number > 0, got {config.attack_scale}",
+        ),
+        (config.backdoor_target >= 0, f"--backdoor-target must be a class label ≥ 0, got {config.backdoor_target}"),
+        (
+            math.isfinite(config.backdoor_frac) and 0 < config.backdoor_frac <= 1,
+            f"--backdoor-frac must be in (0, 1], got {config.backdoor_frac}",
+        ),
+        (
+            math.isfinite(config.trim_frac) and 0 <= config.trim_frac < 0.5,
+            f"--trim-frac is the fraction trimmed on each side and must be in [0, 0.5), got {config.trim_frac}",
+        ),
+        (config.krum_f >= 0, f"--krum-f (Byzantine clients tolerated) must be ≥ 0, got {config.krum_f}"),
+        (config.krum_select >= 0, f"--krum-select must be ≥ 0 (0 = m − f), got {config.krum_select}"),
+        (
+            math.isfinite(config.norm_bound) and config.norm_bound > 0,
+            f"--norm-bound must be a finite number > 0, got {config.norm_bound}",
+        ),
+        (
+            config.robust_agg == "none" or config.dp != "client",
+            f"--robust-agg {config.robust_agg} replaces the mean whose noise --dp client calibrates; use one of them",
         ),
     ]
     for ok, message in checks:

@@ -31,10 +31,12 @@ domain's parameters and each client's domain are recorded in ``partition.json``
 (``feature_shift``, and ``client_domains``: one label per client, as ``pflbench partition
 --plot`` shows them).
 
-The choices the setting leaves open, and why: strength ranges that keep digits recognisable
-(a 90° turn, contrast down to 0.3, noise up to 0.2 of the range), evenly spaced rather than
-random strengths (no two domains alike by chance with few domains), and k mod G rather than a
-drawn assignment (reproducible from K alone).
+The choices the setting leaves open, and why: ranges whose strongest setting of each transform
+alone still leaves a digit readable to the eye (a 90° turn, contrast down to 0.3, noise up to
+0.2 of the range; stacking all of them at full strength is a hard domain on purpose); evenly
+spaced rather than random strengths (no two domains alike by chance with few domains); k mod G
+rather than a drawn assignment (reproducible from K alone). Parameters are rounded to 6
+decimals, so that partition.json shows 0.3, not 0.30000000000000004.
 """
 
 from __future__ import annotations

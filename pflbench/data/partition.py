@@ -83,7 +83,11 @@ class Partition:
             "public_indices": self.public.tolist(),
             **({"ood_indices": self.ood.tolist()} if len(self.ood) else {}),
             **({"client_domains": self.domain_labels} if self.domain_labels is not None else {}),
-            **({"feature_shift": self.feature_shift.to_json()} if self.feature_shift is not None else {}),
+            **(
+                {"feature_shift": {**self.feature_shift.to_json(), "data_domains": self.client_domains}}
+                if self.feature_shift is not None
+                else {}
+            ),
             "stats": self.stats,
         }
 

@@ -228,8 +228,18 @@ def partition_from_document(document: Any, where: str, source: str) -> PresetPar
         dataset_size=size,
         val=None if val is None else _val_lists(val, len(train), where),
         ood=_index_array(ood, where, "ood"),
-        client_domains=_client_domains(document.get("client_domains"), len(train), where),
+        client_domains=_client_domains(_data_domains(document), len(train), where),
     )
+
+
+def _data_domains(document: dict[str, Any]) -> Any:
+    """The data's own client domains. The ``client_domains`` of a feature-shift run's
+    partition.json also name its shift (a setting of that run, not of the indices): there the
+    data's own are ``feature_shift.data_domains``."""
+    shift = document.get("feature_shift")
+    if isinstance(shift, dict) and "data_domains" in shift:
+        return shift["data_domains"]
+    return document.get("client_domains")
 
 
 def _client_domains(value: Any, num_clients: int, where: str) -> list[str] | None:

@@ -26,7 +26,7 @@ norm follows the γ-quantile of the update norms: each client also reports b_k =
 the server forms the noised fraction b̃ = (Σ_k b_k + N(0, σ_b²)) / m and moves the clip
 geometrically, C ← C·exp(−η_C·(b̃ − γ)) (η_C ``--dp-clip-lr``, default 0.2 and σ_b
 ``--dp-count-noise``, default m/20: the paper's recommendations). Two Gaussian mechanisms are
-released per round; the paper's Theorem 1 gives the multiplier z_Δ of the update noise such that
+released per round; the paper gives the multiplier z_Δ of the update noise such that
 both together cost exactly what one Gaussian mechanism of multiplier z (``--dp-noise``) costs:
 
     z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2),    which needs z < 2σ_b.
@@ -122,7 +122,7 @@ def noised_mean(
 
 
 def update_noise_multiplier(noise_multiplier: float, count_noise: float) -> float:
-    """z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2) (Andrew et al. 2021, Theorem 1): the update's multiplier
+    """z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2) (Andrew et al. 2021): the update's multiplier
     when the clipped-count query with noise σ_b is released too; z = 0 stays 0 (no privacy)."""
     if noise_multiplier == 0:
         return 0.0
@@ -270,13 +270,20 @@ def check_privacy(
 
 def check_private_algorithm(spec: PrivacySpec | None, algorithm: Algorithm, sampled_per_round: int) -> None:
     """What needs the built algorithm and the number of clients (before anything is written): an
-    algorithm that uploads nothing releases nothing to make private; DP-SGD needs per-sample
-    gradients, which a BatchNorm layer (batch statistics) has not; adaptive clipping needs
-    z < 2σ_b (σ_b: m/20 by default)."""
+    algorithm that uploads nothing releases nothing to make private; client-level noise on
+    uploaded running statistics (BatchNorm) could make a variance negative; DP-SGD needs
+    per-sample gradients, which a BatchNorm layer (batch statistics) has not; adaptive clipping
+    needs z < 2σ_b (σ_b: m/20 by default)."""
     if spec is None:
         return
     if not algorithm.layout.shared:
         raise ConfigError(f"--dp: --algo {algorithm.config.algo} uploads nothing, so there is nothing to make private")
+    buffers = [n for n in algorithm.layout.shared if n not in set(algorithm.layout.trainable)]
+    if spec.mode == "client" and buffers:  # e.g. BatchNorm's running variance: noise can make it negative
+        raise ConfigError(
+            f"--dp client cannot noise the running statistics --algo {algorithm.config.algo} uploads "
+            f"({buffers[0]}); use a model without BatchNorm, or fedbn (it keeps them private)"
+        )
     if spec.adaptive_quantile:
         update_noise_multiplier(spec.noise, count_noise(spec, sampled_per_round))
     if spec.mode == "sample":

@@ -181,6 +181,18 @@ def test_recorded_in_partition_json_exported_and_reimported_identically(tmp_path
     assert torch.equal(again.shifted(digits).inputs, split.shifted(digits).inputs)
 
 
+def test_a_shifted_runs_partition_json_as_partition_file_does_not_carry_the_shift(tmp_path: Path) -> None:
+    digits = load_dataset("digits")
+    run = config(feature_shift="invert,blur", shift_groups=2)
+    file = tmp_path / "partition.json"
+    file.write_text(json.dumps({"config": {"dataset": "digits"}, **make_partition(run, digits).to_json()}))
+    assert json.loads(file.read_text())["feature_shift"]["data_domains"] is None
+    plain = make_partition(config(partition_file=str(file)), digits)
+    assert plain.feature_shift is None and plain.domain_labels is None and "client_domains" not in plain.to_json()
+    shifted = make_partition(dataclasses.replace(run, partition_file=str(file)), digits)
+    assert shifted.domain_labels == make_partition(run, digits).domain_labels  # not "d0 … d0 …"
+
+
 # ---- identity, leaderboard column, validation, CLI ---------------------------------------------
 
 
@@ -192,6 +204,8 @@ def test_feature_shift_joins_the_identity_only_when_on() -> None:
     assert identity["feature_shift"] == "rotate,noise" and identity["shift_groups"] == 4
     assert partition_label(on) == "iid-shift"
     assert partition_of({"identity": identity}) == "iid shift=rotate,noise×4"
+    reordered = partition_identity(config(feature_shift="noise, rotate", shift_groups=4).partition_spec)
+    assert reordered == identity  # the same domains (drawn in a fixed order): the same run
     per_client = partition_identity(config(partition="dirichlet", feature_shift="blur").partition_spec)
     assert partition_of({"identity": per_client}) == "α=0.5 shift=blur"
 

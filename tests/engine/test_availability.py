@@ -366,8 +366,8 @@ def test_config_file_run_records_who_reported_and_the_simulated_time(tmp_path: P
     assert records[-1]["sim_time_cum"] == pytest.approx(sum(r["sim_time"] for r in records))
     summary = json.loads((run / "summary.json").read_text())
     assert summary["sim_time_total"] == pytest.approx(records[-1]["sim_time_cum"])
-    identity = json.loads((run / "config.json").read_text())
-    assert "dropout" in json.dumps(identity)
+    identity = json.loads((run / "config.json").read_text())["identity"]
+    assert identity["dropout"] == 0.25 and identity["deadline"] == 1.5 and identity["straggler_sigma"] == 1.0
 
 
 def test_simulated_time_to_target_beside_rounds_to_target() -> None:

@@ -335,7 +335,14 @@ def test_killed_run_resumes_with_the_same_noise_and_privacy(dp: dict, tmp_path: 
         (["--dp", "sample", "--executor", "vmap"], "use --executor sequential or ray"),
         (["--dp", "sample", "--model", "cnn_bn"], "--dp sample cannot clip per-sample gradients through BatchNorm"),
         (["--dp", "sample", "--dp-adaptive-quantile", "0.5"], "use it with --dp client"),
-        (["--dp", "client", "--algo", "local"], "--dp: --algo local uploads nothing, so there is nothing to make private"),
+        (
+            ["--dp", "client", "--algo", "local"],
+            "--dp: --algo local uploads nothing, so there is nothing to make private",
+        ),
+        (
+            ["--dp", "client", "--model", "cnn_bn"],
+            "--dp client cannot noise the running statistics --algo fedavg uploads",
+        ),
         (
             ["--dp", "client", "--dp-adaptive-quantile", "0.5", "--dp-noise", "1"],
             "--dp-noise 1 with adaptive clipping needs --dp-count-noise > 0.5",
