@@ -45,6 +45,7 @@ class Harness:
             num_val=prepared.data.num_val if partition.has_val else None,
             new_clients=partition.new_clients,
             num_ood=len(partition.ood),
+            num_backdoor=prepared.data.num_backdoor,
         )
         self.observers = self.federation.observers
 

@@ -125,7 +125,7 @@ class RobustSpec:
     rule: str
     trim_frac: float = 0.1
     krum_f: int = 1
-    krum_select: int = 1
+    krum_select: int = 0  # 0: m − f (the reports of the round less the Byzantine clients assumed)
     norm_bound: float = 1.0
 
 

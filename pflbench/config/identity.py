@@ -33,6 +33,8 @@ OMITTED_AT_DEFAULT: dict[str, Any] = {
     "availability": "always",
     "straggler_model": "none",
     "over_select": 0.0,
+    "attack": "none",  # engine.attacks / engine.robust: left out while off (``attack_settings``)
+    "robust_agg": "none",
 }
 RUN_HASH_LENGTH = 8  # a run folder's name ends in the first 8 characters of its identity's hash
 
@@ -136,6 +138,7 @@ def run_identity(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dic
         identity["new_clients"] = config.new_clients
     identity.update(availability_settings(config))  # none while it is off: older runs keep their folders
     identity.update(privacy_settings(config))  # none without --dp: older runs keep their folders
+    identity.update(attack_settings(config))  # none without --attack / --robust-agg: older runs keep their folders
     threads = cpu_threads(config)
     if threads is not None and threads != OMITTED_AT_DEFAULT["threads"]:
         identity["threads"] = threads
@@ -194,6 +197,45 @@ def privacy_settings(config: RunConfig) -> dict[str, Any]:
             dp_count_noise=config.dp_count_noise,
         )
     return read
+
+
+def attack_settings(config: RunConfig) -> dict[str, Any]:
+    """The attack and robust-aggregation settings a run reads (engine.attacks, engine.robust):
+    none while both are off; else each setting that applies."""
+    read: dict[str, Any] = {}
+    if config.attack != "none":
+        read.update(attack=config.attack, attackers=config.attackers)
+        if config.attack in ("scale", "gaussian"):
+            read["attack_scale"] = config.attack_scale
+        if config.attack == "backdoor":
+            read.update(backdoor_target=config.backdoor_target, backdoor_frac=config.backdoor_frac)
+    if config.robust_agg != "none":
+        read["robust_agg"] = config.robust_agg
+        read.update(
+            {
+                "trimmed-mean": {"trim_frac": config.trim_frac},
+                "krum": {"krum_f": config.krum_f},
+                "multi-krum": {"krum_f": config.krum_f, "krum_select": config.krum_select},
+                "norm-bound": {"norm_bound": config.norm_bound},
+            }.get(config.robust_agg, {})
+        )
+    return read
+
+
+def attack_inert(config: RunConfig) -> dict[str, str]:
+    """The attack and robust-aggregation settings this run does not read, each with why."""
+    read = attack_settings(config)
+    reasons = {
+        "attackers": "no --attack is set (label-flip, sign-flip, scale, gaussian or backdoor)",
+        "attack_scale": "only --attack scale or gaussian reads it",
+        "backdoor_target": "only --attack backdoor reads it",
+        "backdoor_frac": "only --attack backdoor reads it",
+        "trim_frac": "only --robust-agg trimmed-mean reads it",
+        "krum_f": "only --robust-agg krum or multi-krum reads it",
+        "krum_select": "only --robust-agg multi-krum reads it",
+        "norm_bound": "only --robust-agg norm-bound reads it",
+    }
+    return {name: why for name, why in reasons.items() if name not in read}
 
 
 def privacy_inert(config: RunConfig) -> dict[str, str]:
@@ -265,6 +307,7 @@ def inert_settings(config: RunConfig, algorithm: Any, hyperparameters: Any) -> d
     inert.update(partition_inert(config))
     inert.update(availability_inert(config))
     inert.update(privacy_inert(config))
+    inert.update(attack_inert(config))
     if not config.init_spec.pretrains(uses_lora):
         for name in ("pretrain_epochs", "pretrain_lr"):
             inert[name] = "this run pretrains no backbone (LoRA runs or --backbone public do)"

@@ -207,7 +207,9 @@ class RunConfig:
         10.0, "λ of --attack scale (Δ → λ·Δ) and the std of --attack gaussian (Δ ~ N(0, λ²) per entry)."
     )
     backdoor_target: int = option(0, "The label --attack backdoor teaches for the trigger.")
-    backdoor_frac: float = option(0.5, "Share of each attacker's train samples that --attack backdoor poisons, in (0, 1].")
+    backdoor_frac: float = option(
+        0.5, "Share of each attacker's train samples that --attack backdoor poisons, in (0, 1]."
+    )
     robust_agg: str = option(
         "none",
         "Robust aggregation of the model updates (engine.robust), for algorithms whose aggregation is "

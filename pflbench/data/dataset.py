@@ -164,8 +164,9 @@ def _call_loader(name: str, loader: Any, options: dict[str, Any]) -> TensorDatas
 
 
 # the splits a model is evaluated on (``FederatedData.eval_indices``); "ood": the held-out domain
-# (--holdout-domain), the same samples for every client
-EVAL_SPLITS = ("test", "val", "ood")
+# (--holdout-domain), the same samples for every client; "backdoor": each client's test samples
+# with the trigger stamped (--attack backdoor, engine.attacks: the attack success rate)
+EVAL_SPLITS = ("test", "val", "ood", "backdoor")
 
 
 class FederatedData:
@@ -179,6 +180,7 @@ class FederatedData:
         device: torch.device,
         val_splits: list[np.ndarray] | None = None,
         ood: np.ndarray | None = None,
+        backdoor: list[np.ndarray] | None = None,
     ) -> None:
         self.device = device
         self.num_classes = dataset.num_classes
@@ -200,17 +202,25 @@ class FederatedData:
         held_out = torch.as_tensor(ood if ood is not None else np.zeros(0, dtype=np.int64), dtype=torch.long)
         self.ood_indices = [held_out.to(device)] * len(train_splits)
         self.num_ood = [len(held_out)] * len(train_splits)
+        backdoor = backdoor if backdoor else [np.zeros(0, dtype=np.int64)] * len(train_splits)
+        self.backdoor_indices = [torch.as_tensor(s, dtype=torch.long, device=device) for s in backdoor]
+        self.num_backdoor = [len(s) for s in backdoor]
 
     def eval_indices(self, split: str) -> list[torch.Tensor]:
-        """Each client's indices of evaluation split ``split``: ``test``, ``val`` or ``ood``."""
+        """Each client's indices of evaluation split ``split``: ``test``, ``val``, ``ood`` or ``backdoor``."""
         if split not in EVAL_SPLITS:
             raise ValueError(f"unknown evaluation split {split!r}; valid: {', '.join(EVAL_SPLITS)}")
-        return {"test": self.test_indices, "val": self.val_indices, "ood": self.ood_indices}[split]
+        return {
+            "test": self.test_indices,
+            "val": self.val_indices,
+            "ood": self.ood_indices,
+            "backdoor": self.backdoor_indices,
+        }[split]
 
     def eval_counts(self, split: str) -> list[int]:
         """Each client's number of samples in evaluation split ``split``."""
         self.eval_indices(split)  # a bad name fails here
-        return {"test": self.num_test, "val": self.num_val, "ood": self.num_ood}[split]
+        return {"test": self.num_test, "val": self.num_val, "ood": self.num_ood, "backdoor": self.num_backdoor}[split]
 
     @property
     def num_clients(self) -> int:

@@ -7,7 +7,8 @@ programs run once, their result is evaluated on both). With new clients (``--new
 clients held out of training entirely (never sampled: M is drawn from the training clients, and
 never counted in the metrics above), each new client is served by the algorithm's adaptation
 (``Algorithm.new_client_model`` / ``new_client_program``) and tested (``new_acc``, ...). With a
-held-out domain (``--holdout-domain``), its samples give ``ood_acc`` (``evaluate_ood``).
+held-out domain (``--holdout-domain``), its samples give ``ood_acc`` (``evaluate_ood``). With
+``--attack backdoor``, the triggered test samples give ``asr`` (``evaluate_asr``, engine.attacks).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ import numpy as np
 import torch
 
 from pflbench.config.groups import FederationSpec
+from pflbench.config.run_config import MODEL_POISONING
 from pflbench.engine.algorithm import Algorithm, ClientProgram, FineTuneProgram
+from pflbench.engine.attacks import PoisonedUploads, choose_attackers
 from pflbench.engine.availability import RoundPlan, SystemModel
 from pflbench.engine.evaluation import varying_names
 from pflbench.engine.executor import Executor
@@ -31,6 +34,7 @@ from pflbench.engine.metrics import accuracy_metrics
 from pflbench.engine.observers import RunObserver
 from pflbench.engine.personalize import personalize
 from pflbench.engine.privacy import Privacy
+from pflbench.engine.robust import RobustAggregation
 from pflbench.engine.types import ClientJob, ClientUpdate, EvalJob, Tensors, tensor_bytes
 from pflbench.util import progress
 from pflbench.util.seeding import derive_seed, rng_stream
@@ -101,6 +105,7 @@ class Federation:
         num_val: Sequence[int] | None = None,
         new_clients: Sequence[int] = (),
         num_ood: int = 0,
+        num_backdoor: Sequence[int] | None = None,
     ) -> None:
         self.algorithm, self.executor, self.observers = algorithm, executor, list(observers)
         self.settings = settings
@@ -141,6 +146,13 @@ class Federation:
         )
         if self.privacy is not None:  # DP-SGD travels with the program (to every executor)
             algorithm.program.sample_privacy = self.privacy.program_privacy()
+        # --attack (engine.attacks): the malicious clients, the run's fixed seeded choice (their
+        # data was poisoned when the run's data was built; model poisoning happens at the seam)
+        attack = settings.attack
+        self.attackers = choose_attackers(settings.seed, self.training_clients, attack.fraction) if attack else []
+        # --attack backdoor: each client's triggered test samples (``asr``); None: not measured
+        self.num_backdoor = np.asarray(num_backdoor) if num_backdoor is not None and any(num_backdoor) else None
+        self.robust_stream: RobustAggregation | None = None  # --robust-agg: this round's rule (its record)
 
     @property
     def splits(self) -> tuple[str, ...]:
@@ -206,14 +218,35 @@ class Federation:
     def aggregation(self, round_index: int, reporting: list[int]) -> Any:
         """THE seam between the clients' uploads and the server's update rule: a stream that each
         reporting client's update is ``add``-ed to as it arrives, then ``finish``-ed, or None:
-        the algorithm's ``aggregate(updates)`` gets the round's list. Default: the algorithm's
-        ``streaming_aggregate`` (the FedAvg rule streamed, or None). With client-level DP, the
-        private mean (``engine.privacy.PrivateMean``: each update clipped, the mean noised). A
-        rule that replaces the average (a robust aggregator) or an attack on the uploads plugs
-        in here, with the same add/finish interface."""
+        the algorithm's ``aggregate(updates)`` gets the round's list. Its stages, in this order:
+
+        1. the attack on the uploads (``--attack sign-flip|scale|gaussian``: each attacker's
+           upload replaced, ``engine.attacks.PoisonedUploads``);
+        2. client-level DP (``--dp client``: each update clipped, the mean noised,
+           ``engine.privacy.PrivateMean``), which is also its aggregation rule, or
+        3. the aggregation rule: a robust one (``--robust-agg``, ``engine.robust``; refused with
+           ``--dp client``, whose noise is calibrated to the mean), else the algorithm's
+           ``streaming_aggregate`` (the FedAvg rule streamed, or None).
+
+        Model poisoning and robust rules are only accepted for algorithms whose upload is a
+        model update averaged by the FedAvg rule (checked when the run is planned), so a stream
+        always exists for them."""
+        algorithm = self.algorithm
+        self.robust_stream = None
         if self.privacy is not None and self.privacy.client_level:
-            return self.privacy.aggregation(self.algorithm.global_state, round_index)
-        return self.algorithm.streaming_aggregate([self.num_train[k] for k in reporting])
+            rule: Any = self.privacy.aggregation(algorithm.global_state, round_index)
+        elif self.settings.robust is not None:
+            rule = self.robust_stream = RobustAggregation(algorithm.global_state, self.settings.robust)
+        else:
+            rule = algorithm.streaming_aggregate([self.num_train[k] for k in reporting])
+        attack = self.settings.attack
+        if attack is not None and attack.kind in MODEL_POISONING:
+            if rule is None:
+                raise RuntimeError(f"--attack {attack.kind} needs a streamed FedAvg aggregation (checked at planning)")
+            rule = PoisonedUploads(
+                rule, algorithm.global_state, set(self.attackers), attack, self.settings.seed, round_index
+            )
+        return rule
 
     def plan_round(self, round_index: int, sampled: list[int]) -> RoundPlan:
         """The system model's decisions before training (engine.availability): who drops out, who
@@ -372,6 +405,26 @@ class Federation:
             correct.extend(self.executor.evaluate(algorithm.program, jobs))
         return {"ood_acc": float(np.concatenate(correct).sum() / (self.num_ood * len(clients)))}
 
+    def evaluate_asr(self) -> dict[str, float]:
+        """``asr`` (``--attack backdoor``, engine.attacks): the fraction of the training clients'
+        triggered test samples (true class ≠ target, labelled with the target) classified as the
+        target, by the global model; for an algorithm without one, each client's personal model
+        on its own triggered samples, as it is (no personalization program, as ``evaluate_ood``)."""
+        algorithm, clients = self.algorithm, self.training_clients
+        assert self.num_backdoor is not None
+        total = int(self.num_backdoor[clients].sum())
+        if algorithm.has_global_model:
+            (hits,) = self.executor.evaluate(
+                algorithm.program, [EvalJob(algorithm.global_model(), tuple(clients), "backdoor")]
+            )
+            return {"asr": float(hits.sum() / total)}
+        correct = []
+        for start in range(0, len(clients), PERSONALIZE_CHUNK):  # bounded memory, like personalized_correct
+            chunk = clients[start : start + PERSONALIZE_CHUNK]
+            jobs = [EvalJob(algorithm.personal_model(k), (k,), "backdoor") for k in chunk]
+            correct.extend(self.executor.evaluate(algorithm.program, jobs))
+        return {"asr": float(np.concatenate(correct).sum() / total)}
+
     def finetune_metrics(self, round_index: int) -> dict[str, float]:
         """``--finetune-epochs E`` (FedAvg-FT protocol): the global model fine-tuned for E epochs on
         each client's train split (the run's local optimizer), tested on the client's test split:
@@ -421,6 +474,10 @@ class Federation:
             record.update(algorithm.round_diagnostics(updates) if updates else {})
             if self.privacy is not None:  # dp_epsilon (and the clip) after this round
                 record.update(self.privacy.end_round(round_index, updates))
+            if self.settings.attack is not None:  # the attackers among this round's reports
+                record["attackers"] = [u.client_id for u in updates if u.client_id in set(self.attackers)]
+            if self.robust_stream is not None:  # e.g. Krum's selected clients
+                record.update(self.robust_stream.record)
             record["round_time_s"] = time.perf_counter() - started
             if round_index % settings.eval_every == 0 or round_index == settings.rounds:
                 eval_started = time.perf_counter()
@@ -433,6 +490,8 @@ class Federation:
                     record.update(new_metrics)
                 if self.num_ood:
                     record.update(self.evaluate_ood())
+                if self.num_backdoor is not None:
+                    record.update(self.evaluate_asr())
                 record["eval_time_s"] = time.perf_counter() - eval_started
             if round_index == settings.rounds and settings.finetune_epochs > 0 and algorithm.has_global_model:
                 finetune_started = time.perf_counter()

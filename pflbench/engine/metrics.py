@@ -15,6 +15,8 @@ VAL_METRICS = tuple(f"val_{name}" for name in ACCURACY_METRICS)
 NEW_CLIENT_METRICS = ("new_acc", "new_acc_weighted", "new_acc_std", "new_acc_worst10")
 # --holdout-domain: the held-out domain's samples (engine.federation.Federation.evaluate_ood)
 OOD_METRICS = ("ood_acc",)
+# --attack backdoor: the attack success rate on triggered test inputs (engine.attacks)
+ATTACK_METRICS = ("asr",)
 
 
 def worst_fraction_mean(values: np.ndarray, fraction: float = 0.1) -> float:
@@ -56,7 +58,9 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     evaluated = [r for r in records if "pers_acc" in r]
     final = evaluated[-1] if evaluated else {}
     summary: dict[str, Any] = {}
-    measured = [n for n in (*VAL_METRICS, *NEW_CLIENT_METRICS, *OOD_METRICS) if any(n in r for r in evaluated)]
+    measured = [
+        n for n in (*VAL_METRICS, *NEW_CLIENT_METRICS, *OOD_METRICS, *ATTACK_METRICS) if any(n in r for r in evaluated)
+    ]
     for name in (*ACCURACY_METRICS, *measured):
         summary[name] = final.get(name)
         summary[f"{name}_last10"] = last_fraction_mean([r.get(name) for r in evaluated])

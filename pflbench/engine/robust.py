@@ -17,7 +17,7 @@ others are refused at start.
   Adversaries: Byzantine Tolerant Gradient Descent", NeurIPS 2017): each update's score is the
   sum of its squared distances to its m − f − 2 closest other updates (f = ``--krum-f``
   Byzantine clients assumed); Krum takes the update with the lowest score, Multi-Krum the
-  mean of the ``--krum-select`` lowest-scoring ones. The paper needs m > 2f + 2; the run is
+  uniform mean of the ``--krum-select`` lowest-scoring ones (default m − f, the paper's example). The paper needs m > 2f + 2; the run is
   refused when the sampled clients per round are fewer. When fewer report (dropout), the
   neighbour count m − f − 2 is floored at 1 (one report: it is taken). Ties go to the lower
   position in the round's (job) order.
@@ -45,6 +45,7 @@ from pflbench.config.run_config import ROBUST_AGGREGATORS
 from pflbench.engine.privacy import clip_update, model_update
 from pflbench.engine.types import ClientUpdate, Tensors
 from pflbench.errors import ConfigError
+
 
 # ---- pure functions: the rules on lists of updates ------------------------------------------
 def _stacked(updates: Sequence[Tensors], name: str) -> torch.Tensor:
@@ -106,7 +107,9 @@ def uniform_mean(updates: Sequence[Tensors]) -> Tensors:
     return {name: _stacked(updates, name).mean(dim=0) for name in updates[0]}
 
 
-def norm_bounded_mean(updates: Sequence[Tensors], weights: Sequence[float], bound: float) -> tuple[Tensors, list[float]]:
+def norm_bounded_mean(
+    updates: Sequence[Tensors], weights: Sequence[float], bound: float
+) -> tuple[Tensors, list[float]]:
     """(Σ_k w_k·Δ_k·min(1, M/‖Δ_k‖), the norms before): each update clipped to M, then the
     weighted mean (``weights`` sum to 1)."""
     total: Tensors = {}
@@ -131,7 +134,7 @@ def robust_aggregate(
     if spec.rule == "trimmed-mean":
         return trimmed_mean(updates, spec.trim_frac), {}
     if spec.rule in ("krum", "multi-krum"):
-        select = 1 if spec.rule == "krum" else spec.krum_select
+        select = 1 if spec.rule == "krum" else spec.krum_select or max(len(updates) - spec.krum_f, 1)
         chosen = krum_selection(updates, spec.krum_f, select)
         return uniform_mean([updates[i] for i in chosen]), {"selected": chosen}
     if spec.rule == "norm-bound":

@@ -50,6 +50,7 @@ METRIC_NAMES = {
     "sim_time_to_target": "Simulated time to target",
     "sim_time_total": "Simulated time",
     "clients_reported_mean": "Clients reporting per round",
+    "asr": "Attack success rate",
 }
 LAST = "_last10"  # summary.json: the mean of the last 10% of evaluations
 
@@ -86,6 +87,8 @@ def quantity(name: str) -> Quantity:
         return Quantity("Wall time (s)", 1.0, False)
     if base in ("sim_time_to_target", "sim_time_total"):  # engine.availability's simulated seconds
         return Quantity(f"{readable(name)} (s)", 1.0, False)
+    if base == "asr":  # --attack backdoor (engine.attacks): the attacker's success, lower is better
+        return Quantity(f"{readable(name)} (%)", 100.0, False)
     if "acc" in base or base == "worst10":
         return Quantity(f"{readable(name)} (%)", 100.0, "std" not in base)
     if "bytes" in base:

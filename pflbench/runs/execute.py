@@ -84,6 +84,7 @@ def make_federation(prepared: PreparedRun, observers: Sequence[RunObserver] = ()
         num_val=prepared.data.num_val if partition.has_val else None,
         new_clients=partition.new_clients,
         num_ood=len(partition.ood),
+        num_backdoor=prepared.data.num_backdoor,
     )
 
 

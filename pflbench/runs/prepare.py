@@ -22,6 +22,13 @@ from pflbench.config.run_config import RunConfig, hyperparameters_from, resolve,
 from pflbench.data.dataset import FederatedData, TensorDataset, load_dataset
 from pflbench.data.partition import fit_num_clients, make_partition
 from pflbench.engine import EXECUTORS, Algorithm, ClientProgram
+from pflbench.engine.attacks import (
+    check_attack_algorithm,
+    check_attack_clients,
+    check_backdoor_data,
+    choose_attackers,
+    poison_data,
+)
 from pflbench.engine.executor import make_executor
 from pflbench.engine.privacy import check_privacy, check_private_algorithm
 from pflbench.errors import ConfigError
@@ -101,6 +108,7 @@ def plan_run(
     sampled = config.sampled_per_round if config.num_clients is not None else None  # else checked once fitted
     check_privacy(config.privacy_spec, algorithm_class, config.algo, config.executor, sampled)  # a true ε or a refusal
     check_partial_work(config, algorithm_class)
+    check_attack_algorithm(config.attack_spec, config.robust_spec, algorithm_class, config.algo)
     if config.finetune_epochs and not algorithm_class.has_global_model:
         raise ConfigError(
             f"--finetune-epochs fine-tunes the global model, and --algo {config.algo} has none; leave it at 0"
@@ -180,6 +188,10 @@ def prepare(
     if guard is not None:
         guard(run_dir)
     split = make_partition(config.partition_spec, dataset)
+    training_clients = [k for k in range(len(split.train)) if k not in set(split.new_clients)]
+    attack = config.attack_spec
+    check_attack_clients(attack, config.robust_spec, len(training_clients), config.sampled_per_round)
+    check_backdoor_data(attack, dataset, config.dataset)
     if config.init_spec.pretrains(uses_lora):
         check_model(config, algorithm_class, hparams, dataset)
     weights = initial_weights(config, dataset, split.public, device, uses_lora)
@@ -191,7 +203,14 @@ def prepare(
     resolved.update(algorithm_class.configure_model(model, config, hparams))
     model.to(device)
     dataset = split.shifted(dataset)  # --feature-shift: each client's samples in its domain, once, here
-    data = FederatedData(dataset, split.train, split.test, device, split.val, split.ood)
+    backdoor = None
+    if attack is not None:  # --attack: the attackers (recorded) and their poisoned train data, once, here
+        attackers = choose_attackers(config.seed, training_clients, attack.fraction)
+        resolved["attackers"] = attackers
+        dataset, backdoor = poison_data(
+            dataset, split.train, split.test, training_clients, attackers, attack, config.seed
+        )
+    data = FederatedData(dataset, split.train, split.test, device, split.val, split.ood, backdoor)
     algorithm = algorithm_class(config, hparams, model, data.num_train)
     check_private_algorithm(config.privacy_spec, algorithm, config.sampled_per_round)  # --dp: no BatchNorm, ...
     algorithm.client_domains = split.domain_labels  # partition.json's client_domains (IFCA scores its clusters)

@@ -193,8 +193,8 @@ def test_disk_full_during_a_run_is_one_error_line(tmp_path: Path, monkeypatch: p
 
 
 def test_an_unknown_algorithm_points_at_plugin_files() -> None:
-    result = CliRunner().invoke(cli, ["run", "--algo", "fedavgm", "--dataset", "digits"])
-    assert result.exit_code == 2 and "did you mean 'fedavg'" in result.output and "--plugin FILE" in result.output
+    result = CliRunner().invoke(cli, ["run", "--algo", "fedavgx", "--dataset", "digits"])
+    assert result.exit_code == 2 and "did you mean 'fedavg" in result.output and "--plugin FILE" in result.output
 
 
 def test_ctrl_c_exits_130_and_says_how_to_resume(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
