@@ -3,6 +3,11 @@ PyTorch loops over the same model, data and batch size, and the FLOP rate they r
 this machine's dense matmul rate.
 
     python benchmarks/bench_headline.py [--device cpu|cuda] [--threads 1,2] [--samples 3000]
+                                        [--precision fp32,bf16]
+
+On a GPU, the one command (README "Speed"):
+
+    python benchmarks/bench_headline.py --device cuda --threads 1 --samples 20000 --precision fp32,bf16
 
 The model is the headline job's (``config.lora.RUN_DEFAULTS``: a 6-block ViT, embed 64, on
 3×32×32 inputs, 100 classes); the data are random CIFAR-shaped images (throughput does not depend
@@ -15,10 +20,15 @@ on pixel values), registered as the dataset ``bench_cifar100``. Stages, each tim
     cross-entropy, the same work as the plain loop) and for FedSDG (its gates and penalties cost
     extra; shown, not compared), vs a plain Adam loop over the LoRA model's trainable tensors;
 (c) evaluation: ``Federation.evaluate`` of the LoRA FedAvg run (one pass over every test sample)
-    vs a plain ``no_grad`` loop over the same samples in batches of 1,024.
+    vs a plain ``no_grad`` loop over the same samples in the engine's evaluation batch (1,024 on
+    the CPU, ``util.precision.ACCELERATOR_EVAL_BATCH`` on a GPU).
+
+``--precision bf16`` runs both sides of every stage under the same bf16 autocast (the engine through
+``RunConfig.precision``, the plain loops in ``util.precision.autocast``) and measures the matmul
+rate under it too (the device's bf16 rate).
 
 FLOPs per sample come from ``torch.utils.flop_counter.FlopCounterMode`` (a training step: forward +
-backward; evaluation: forward); the matmul rate is the best of a few 2048×2048 float32 products.
+backward; evaluation: forward); the matmul rate is the best of a few dense products (``matmul_rate``).
 Prints one line per stage and a final JSON line.
 """
 
@@ -43,6 +53,7 @@ from pflbench.models.zoo import build_model
 from pflbench.registry import register_dataset
 from pflbench.runs.prepare import prepare
 from pflbench.testing import Harness
+from pflbench.util.precision import autocast, check_precision, eval_batch
 
 NUM_CLASSES = 100
 MODEL = RUN_DEFAULTS["model"]
@@ -74,11 +85,20 @@ def best_time(work: Callable[[], Any], repeats: int, device: torch.device) -> fl
     return min(times)
 
 
-def matmul_rate(device: torch.device, n: int = 2048) -> float:
-    """FLOP/s of a dense float32 n×n product (best of 5)."""
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-    seconds = best_time(lambda: torch.mm(a, b), 5, device)
-    return 2 * n**3 / seconds
+def matmul_rate(device: torch.device, precision: str = "fp32") -> float:
+    """FLOP/s of a dense n×n product in ``precision``'s dtype (the operands already in it: the
+    device's rate, no casts; best of 5). n = 2048 on a CPU; on a GPU n = 8192 and 10 products per
+    timing, so that launch and sync overheads do not hide the rate."""
+    n, products = (8192, 10) if device.type == "cuda" else (2048, 1)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+
+    def work() -> None:
+        for _ in range(products):
+            torch.mm(a, b)
+
+    seconds = best_time(work, 5, device)
+    return 2 * n**3 * products / seconds
 
 
 def flops_per_sample(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, train: bool) -> float:
@@ -94,26 +114,38 @@ def flops_per_sample(model: torch.nn.Module, inputs: torch.Tensor, targets: torc
 
 
 def plain_epoch(
-    model: torch.nn.Module, data: FederatedData, indices: torch.Tensor, batch_size: int, optimizer, generator
+    model: torch.nn.Module,
+    data: FederatedData,
+    indices: torch.Tensor,
+    batch_size: int,
+    optimizer,
+    generator,
+    precision: str = "fp32",
 ) -> None:
-    """The loop a researcher would write: shuffle, gather, forward, cross-entropy, step."""
+    """The loop a researcher would write: shuffle, gather, forward, cross-entropy, step (the
+    forward and the loss under ``precision``'s autocast, as torch's AMP recipe)."""
     model.train()
-    order = indices[torch.randperm(len(indices), generator=generator)]
+    order = indices[torch.randperm(len(indices), generator=generator).to(indices.device)]
     for start in range(0, len(order), batch_size):
         inputs, targets = data.gather(order[start : start + batch_size])
-        loss = F.cross_entropy(model(inputs), targets)
+        with autocast(data.device, precision):
+            loss = F.cross_entropy(model(inputs), targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
 
 
 @torch.no_grad()
-def plain_evaluation(model: torch.nn.Module, data: FederatedData, indices: torch.Tensor, batch: int = 1024) -> int:
+def plain_evaluation(
+    model: torch.nn.Module, data: FederatedData, indices: torch.Tensor, precision: str = "fp32"
+) -> int:
     model.eval()
+    batch = eval_batch(data.device, 1024)  # the engine's evaluation batch on this device
     correct = torch.zeros((), dtype=torch.int64, device=data.device)
     for start in range(0, len(indices), batch):
         inputs, targets = data.gather(indices[start : start + batch])
-        correct += (model(inputs).argmax(dim=1) == targets).sum()
+        with autocast(data.device, precision):
+            correct += (model(inputs).argmax(dim=1) == targets).sum()
     return int(correct)
 
 
@@ -129,6 +161,7 @@ def run_config(algo: str, args: argparse.Namespace, **extra: Any) -> RunConfig:
         backbone="random",
         device=args.device,
         threads=args.threads_now,
+        precision=args.precision_now,
         out="unused",
         **extra,
     )
@@ -137,8 +170,9 @@ def run_config(algo: str, args: argparse.Namespace, **extra: Any) -> RunConfig:
 def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     batch = 32  # RunConfig's --batch-size default, used by every stage here
     dataset = bench_cifar100()
-    result: dict[str, Any] = {"threads": args.threads_now, "device": str(device)}
-    rate = matmul_rate(device)
+    precision = args.precision_now
+    result: dict[str, Any] = {"threads": args.threads_now, "device": str(device), "precision": precision}
+    rate = matmul_rate(device, precision)
     result["matmul_gflops"] = rate / 1e9
 
     # (a) pretraining: one epoch over the public part
@@ -151,13 +185,15 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
 
     model = fresh_model()
     engine = best_time(
-        lambda: train_centrally(model, data, 1, 1e-3, torch.Generator().manual_seed(0)), args.repeats, device
+        lambda: train_centrally(model, data, 1, 1e-3, torch.Generator().manual_seed(0), precision), args.repeats, device
     )
     model = fresh_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
     indices = torch.as_tensor(public, device=device)
     generator = torch.Generator().manual_seed(0)
-    plain = best_time(lambda: plain_epoch(model, data, indices, batch, optimizer, generator), args.repeats, device)
+    plain = best_time(
+        lambda: plain_epoch(model, data, indices, batch, optimizer, generator, precision), args.repeats, device
+    )
     inputs, targets = data.gather(indices[:batch])
     train_flops = flops_per_sample(model, inputs, targets, train=True)
     result["pretraining"] = stage_line("(a) pretraining", len(public), engine, plain, train_flops, rate)
@@ -176,7 +212,7 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
 
     def plain_client() -> None:
         for _ in range(args.local_epochs):
-            plain_epoch(model, harness.data, own, batch, optimizer, generator)
+            plain_epoch(model, harness.data, own, batch, optimizer, generator, precision)
 
     plain = best_time(plain_client, args.repeats, device)
     inputs, targets = harness.data.gather(own[:batch])
@@ -188,7 +224,9 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     # (c) evaluation of every client's test split
     everyone = torch.cat(harness.data.test_indices)
     engine = best_time(lambda: harness.evaluate(), args.repeats, device)
-    plain = best_time(lambda: plain_evaluation(harness.model, harness.data, everyone), args.repeats, device)
+    plain = best_time(
+        lambda: plain_evaluation(harness.model, harness.data, everyone, precision), args.repeats, device
+    )
     eval_flops = flops_per_sample(harness.model, *harness.data.gather(everyone[:256]), train=False)
     result["evaluation"] = stage_line("(c) evaluation", len(everyone), engine, plain, eval_flops, rate)
     return result
@@ -219,16 +257,23 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--local-epochs", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--precision", default="fp32", help="comma-separated --precision values to measure (fp32, bf16)"
+    )
     args = parser.parse_args()
     SAMPLES = args.samples
     device = torch.device(args.device)
+    precisions = [p.strip() for p in args.precision.split(",")]
+    for precision in precisions:
+        check_precision(precision, device)  # bf16 on a device without it: refused before any work
     results = []
-    for threads in (int(t) for t in args.threads.split(",")):
-        torch.set_num_threads(threads)
-        args.threads_now = threads
-        print(f"--- {threads} thread(s), {device}: matmul rate measured first")
-        results.append(measure(args, device))
-        print(f"    dense matmul: {results[-1]['matmul_gflops']:.1f} GFLOP/s")
+    for precision in precisions:
+        for threads in (int(t) for t in args.threads.split(",")):
+            torch.set_num_threads(threads)
+            args.threads_now, args.precision_now = threads, precision
+            print(f"--- {threads} thread(s), {device}, {precision}: matmul rate measured first")
+            results.append(measure(args, device))
+            print(f"    dense matmul ({precision}): {results[-1]['matmul_gflops']:.1f} GFLOP/s")
     print(json.dumps({"benchmark": "headline", "model": MODEL, "results": results}))
 
 

@@ -134,7 +134,7 @@ class ConditionalPolicyHeads(nn.Module):
         width, device, dtype = generic.in_features, generic.weight.device, generic.weight.dtype
         self.generic = generic
         self.personal = copy.deepcopy(generic)
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(policy_seed)  # the CPN's own stream: the model's other weights unchanged
             self.policy = nn.Linear(width, 2 * width, device=device, dtype=dtype)
         self.policy_norm = nn.LayerNorm(2 * width, device=device, dtype=dtype)
@@ -225,8 +225,7 @@ class FedCPProgram(ClientProgram[FedCPHyperparameters]):
 # ---- server ------------------------------------------------------------------------------
 @register_algorithm("fedcp")
 class FedCP(Algorithm[FedCPHyperparameters]):
-    """Shared body, CPN and global head; a conditional policy splits each feature between the
-    global head and the client's private head."""
+    """Shared body, CPN and global head; a per-sample policy splits features to a private head."""
 
     display_name = "FedCP"
     paper = "Zhang et al., KDD 2023"

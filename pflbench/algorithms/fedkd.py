@@ -62,9 +62,8 @@ loop (two models), so ``--executor vmap`` and ``--dp`` refuse it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -77,14 +76,18 @@ from pflbench import (
     ClientUpdate,
     ConfigError,
     LocalResult,
+    ParamLayout,
     RunConfig,
     Tensors,
     option,
     register_algorithm,
 )
-from pflbench.engine import mean_terms
+from pflbench.engine import LocalTrainer, mean_terms
 from pflbench.engine.types import sample_weights, weighted_average
 from pflbench.models.zoo import head_module_names
+
+if TYPE_CHECKING:
+    from pflbench.config.groups import LocalSpec
 
 MENTOR = "fedkd.mentor."  # the client's private mentor model
 FACTOR_U, FACTOR_S, FACTOR_V = "fedkd.u.", "fedkd.s.", "fedkd.v."  # Δ ≈ U·diag(S)·Vᵀ, uploaded
@@ -183,14 +186,14 @@ class FedKDProgram(ClientProgram[FedKDHyperparameters]):
     head_module: str = ""  # the final classifier layer; H is its input (make_program)
     rounds: int = 1  # R of the energy schedule (make_program)
 
-    def __init__(self, layout, hparams, local) -> None:
+    def __init__(self, layout: ParamLayout, hparams: FedKDHyperparameters, local: LocalSpec) -> None:
         super().__init__(layout, hparams, local)
         self.loss_weights = {**TERM_WEIGHTS, "hidden": 2.0 * hparams.hidden_weight}
 
     def assemble(self, received: Tensors, private: Tensors) -> Tensors:
         return {n: t for n, t in {**received, **private}.items() if not n.startswith(MENTOR)}
 
-    def local_update(self, trainer) -> LocalResult:
+    def local_update(self, trainer: LocalTrainer) -> LocalResult:
         """Mutual distillation of the mentee (the live model) and the mentor (its own tensors,
         through ``functional_call``) over ``--local-epochs`` epochs; then the mentee's upload."""
         job, spec = trainer.job, self.optimizer()
@@ -198,13 +201,15 @@ class FedKDProgram(ClientProgram[FedKDHyperparameters]):
         mentor = {n: job.private[MENTOR + n].clone() for n in names}
         mentor_params = {n: mentor[n].requires_grad_(True) for n in self.layout.trainable}
         mentee_params = trainer.train_only(frozenset(self.layout.trainable), self.layout.trainable)
-        optimizer = trainer.optimizer(spec, {**mentee_params, **{MENTOR + n: p for n, p in mentor_params.items()}})
+        everything: dict[str, Any] = {**mentee_params, **{MENTOR + n: p for n, p in mentor_params.items()}}
+        optimizer = trainer.optimizer(spec, everything)  # one optimizer over both models, as the authors
         captured: list[torch.Tensor] = []
         hook = trainer.model.get_submodule(self.head_module).register_forward_pre_hook(
             lambda module, args: captured.append(args[0])
         )
         hidden = self.hparams.hidden_weight > 0
-        total, sums, steps = torch.zeros((), device=trainer.device), {}, 0
+        total, steps = torch.zeros((), device=trainer.device), 0
+        sums: dict[str, torch.Tensor] = {}
         trainer.model.train()
         try:
             for _ in range(self.local.epochs):
@@ -271,7 +276,9 @@ class FedKD(Algorithm[FedKDHyperparameters]):
                 "would be ignored (leave it at 1)"
             )
 
-    def __init__(self, config: RunConfig, hparams: FedKDHyperparameters, model: nn.Module, num_train: list[int]) -> None:
+    def __init__(
+        self, config: RunConfig, hparams: FedKDHyperparameters, model: nn.Module, num_train: list[int]
+    ) -> None:
         self.head_module = head_module_names(model, 1)[0]
         super().__init__(config, hparams, model, num_train)
 
@@ -298,9 +305,7 @@ class FedKD(Algorithm[FedKDHyperparameters]):
             super().aggregate(updates)
             return
         shared = self.layout.shared
-        deltas = [
-            {n: decompress_update(n, u.params, self.global_state[n].shape) for n in shared} for u in updates
-        ]
+        deltas = [{n: decompress_update(n, u.params, self.global_state[n].shape) for n in shared} for u in updates]
         mean = weighted_average(deltas, sample_weights(updates))
         torch._foreach_add_([self.global_state[n] for n in shared], [mean[n] for n in shared])
 
@@ -309,14 +314,7 @@ class FedKD(Algorithm[FedKDHyperparameters]):
             return {}
         dense = sum(t.numel() for t in self.global_state.values())
         sent = [sum(t.numel() for t in u.params.values()) for u in updates]
-        rounds = self.config.rounds
-        round_index = min(rounds, max(1, len(getattr(self, "_seen", ())) or 1))
-        del round_index, rounds
         return {"fedkd_upload_fraction": sum(sent) / (dense * len(sent))}
 
     def run_info(self) -> dict[str, Any]:
         return {"fedkd_hidden_state": f"input of {self.head_module}", "fedkd_mentee": "the run's --model"}
-
-
-def _unused() -> None:  # pragma: no cover
-    math.sqrt(1)

@@ -1,1 +1,276 @@
-"""pfedhn: being written (a helper fills this file)."""
+"""pFedHN — Shamsian, Navon, Fetaya & Chechik, "Personalized Federated Learning using
+Hypernetworks", ICML 2021 (arXiv:2103.04628).
+
+The server holds a hypernetwork h(·; φ) and one learned embedding v_i per client. Client i's
+model is generated, θ_i = h(v_i; φ), sent to it, and trained locally to θ̃_i; the client uploads
+Δθ_i = θ_i − θ̃_i. The server then moves φ and v_i by the chain rule — a vector–Jacobian product
+through the generation:
+
+    ∇_φ = (∂θ_i/∂φ)ᵀ·Δθ_i,     ∇_{v_i} = (∂θ_i/∂v_i)ᵀ·Δθ_i        (``hypernetwork_gradient``)
+
+(Δθ_i is the local training's descent direction: for plain SGD it is η·Σ_steps ∇f_i.)
+
+Hypernetwork (the authors' ``CNNHyper``, generalised to any target model): embedding table
+(K × e) → Linear(e, H) → ``--hn-hidden-layers`` × [ReLU, Linear(H, H)] → one linear output head
+per target tensor (H → numel, reshaped). Initialisation: PyTorch's defaults (embeddings N(0, 1),
+linear layers U(±1/√fan_in)) drawn from the run's seed (stream ``pfedhn.init``).
+
+Defaults from the authors' code (``experiments/pfedhn/trainer.py``): embedding size
+e = int(1 + K/4) (``--embed-dim -1``), H = 100 (``--hn-hidden``), 3 hidden layers; server
+optimizer SGD with lr 1e-2 (``--hn-lr``; the embeddings' lr ``--embed-lr``, default the same),
+momentum 0.9, weight decay 1e-3, the hypernetwork's gradient clipped to norm 50. The inner
+(client) optimizer is the run's local optimizer (the authors: SGD lr 5e-3, momentum 0.9, 50 inner
+steps of batch 64, gradient clipped to 50 — use ``--optimizer sgd --lr 0.005 --momentum 0.9
+--max-grad-norm 50`` for their client side; this suite trains ``--local-epochs`` epochs like every
+other algorithm).
+
+Choices the paper leaves open, and what the authors' code does:
+- One client per server step in the paper and code (sample i, generate, train, update). Here a
+  round trains M clients in parallel from the same φ^t; the server then takes M optimizer steps,
+  one per reporting client in client-id order, each with that client's VJP evaluated at φ^t (where
+  its θ_i was generated): with M = 1 exactly the paper's step.
+- The target tensors: every trainable parameter. Float buffers (BatchNorm statistics) are not
+  generated; they stay with each client (private), as FL-bench refuses global buffers for pFedHN.
+- Weight decay applies to the whole embedding table at every step (as torch's SGD does with a
+  dense embedding gradient in the authors' code).
+
+What travels (bytes): down, the generated model θ_i; up, Δθ_i (the same size). The hypernetwork
+never leaves the server. Server state — φ, the embeddings and the SGD momentum buffers — is in
+checkpoints (``checkpoint_attributes``), so a resumed run continues bit for bit.
+
+Evaluation: pers_acc uses the generated model h(v_i; φ) as it is (the authors evaluate it without
+local fine-tuning); there is no global model (global_acc null). New clients (``--new-clients``):
+the paper learns a new embedding with φ frozen; here a new client gets the model generated from
+the mean embedding of the clients that have reported, fine-tuned for ``--local-epochs`` epochs on
+its train split (``FineTuneProgram``), then tested.
+
+Refused: ``--executor vmap`` (the server update needs each client's upload separately and in full,
+as does ``--dp``) and ``--dp`` (the upload drives a VJP, not an averaged update).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from pflbench import Algorithm, ClientProgram, ConfigError, RunConfig, Tensors, option, register_algorithm
+from pflbench.engine import FineTuneProgram
+from pflbench.util.seeding import derive_seed
+
+EMBEDDINGS = "embeddings"
+
+
+def layer_name(index: int, kind: str) -> str:
+    return f"mlp.{index}.{kind}"
+
+
+def head_name(target: str, kind: str) -> str:
+    return f"head[{target}].{kind}"
+
+
+def init_hypernetwork(
+    num_clients: int,
+    embed_dim: int,
+    hidden: int,
+    hidden_layers: int,
+    targets: dict[str, torch.Size],
+    generator: torch.Generator,
+) -> Tensors:
+    """φ and the embeddings with PyTorch's default initialisation (nn.Embedding: N(0, 1);
+    nn.Linear: weight and bias U(±1/√fan_in))."""
+
+    def linear(fan_in: int, fan_out: int) -> tuple[torch.Tensor, torch.Tensor]:
+        bound = 1.0 / math.sqrt(fan_in)
+        weight = torch.empty(fan_out, fan_in).uniform_(-bound, bound, generator=generator)
+        return weight, torch.empty(fan_out).uniform_(-bound, bound, generator=generator)
+
+    params = {EMBEDDINGS: torch.randn(num_clients, embed_dim, generator=generator)}
+    for index in range(hidden_layers + 1):
+        weight, bias = linear(embed_dim if index == 0 else hidden, hidden)
+        params[layer_name(index, "weight")], params[layer_name(index, "bias")] = weight, bias
+    for target, shape in targets.items():
+        weight, bias = linear(hidden, math.prod(shape))
+        params[head_name(target, "weight")], params[head_name(target, "bias")] = weight, bias
+    return params
+
+
+def generate_weights(
+    hypernetwork: Tensors, embedding: torch.Tensor, targets: dict[str, torch.Size], hidden_layers: int
+) -> Tensors:
+    """θ = h(v; φ): z = L_0(v), z ← L_j(ReLU(z)) for j = 1..hidden_layers, θ[t] = head_t(z)."""
+    features = F.linear(embedding, hypernetwork[layer_name(0, "weight")], hypernetwork[layer_name(0, "bias")])
+    for index in range(1, hidden_layers + 1):
+        weight, bias = hypernetwork[layer_name(index, "weight")], hypernetwork[layer_name(index, "bias")]
+        features = F.linear(F.relu(features), weight, bias)
+    return {
+        target: F.linear(features, hypernetwork[head_name(target, "weight")], hypernetwork[head_name(target, "bias")])
+        .reshape(shape)
+        for target, shape in targets.items()
+    }
+
+
+def hypernetwork_gradient(
+    hypernetwork: Tensors, client: int, delta: Tensors, targets: dict[str, torch.Size], hidden_layers: int
+) -> Tensors:
+    """(∂θ_i/∂(φ, V))ᵀ·Δθ_i: the VJP of θ_i = h(V[i]; φ) with the upload Δθ_i = θ_i − θ̃_i (rows of
+    the embedding table V other than i get zero)."""
+    leaves = {n: t.detach().requires_grad_(True) for n, t in hypernetwork.items()}
+    generated = generate_weights(leaves, leaves[EMBEDDINGS][client], targets, hidden_layers)
+    gradients = torch.autograd.grad(
+        list(generated.values()), list(leaves.values()), [delta[t].to(generated[t].dtype) for t in generated]
+    )
+    return dict(zip(leaves, gradients))
+
+
+def clip_total_norm(gradients: Tensors, max_norm: float) -> Tensors:
+    """``gradients`` scaled by min(1, max_norm / (‖g‖ + 1e-6)), ‖g‖ over all of them
+    (torch.nn.utils.clip_grad_norm_'s rule)."""
+    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in gradients.values()]))
+    scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    return {n: g * scale for n, g in gradients.items()}
+
+
+@torch.no_grad()
+def sgd_step(
+    params: Tensors,
+    gradients: Tensors,
+    momentum_buffers: Tensors,
+    learning_rates: dict[str, float],
+    momentum: float,
+    weight_decay: float,
+) -> None:
+    """torch.optim.SGD's step (no dampening, no Nesterov), in place: d = g + wd·p,
+    b ← μ·b + d (b starts at 0, so the first b = d), p ← p − lr·b."""
+    for name, param in params.items():
+        direction = gradients[name] + weight_decay * param if weight_decay else gradients[name]
+        buffer = momentum_buffers[name]
+        buffer.mul_(momentum).add_(direction)
+        param.sub_(learning_rates[name] * buffer)
+
+
+class PFedHNProgram(ClientProgram["PFedHNHyperparameters"]):
+    def upload(self, state: Tensors, received: Tensors) -> Tensors:
+        """Δθ = θ − θ̃: the generated model minus the trained one (the authors' delta)."""
+        return {n: (received[n] - state[n]).detach() for n in self.layout.shared}
+
+
+@dataclass(frozen=True)
+class PFedHNHyperparameters:
+    embed_dim: int = option(-1, "Client embedding size; -1: int(1 + K/4), the authors' rule.")
+    hn_hidden: int = option(100, "Width of the hypernetwork's hidden layers (the authors' 100).")
+    hn_hidden_layers: int = option(3, "Hidden Linear layers after the first (the authors' trainer: 3).")
+    hn_lr: float = option(1e-2, "Server SGD learning rate of the hypernetwork φ (the authors' 1e-2).")
+    embed_lr: float | None = option(None, "Server learning rate of the client embeddings [default: --hn-lr].")
+    hn_momentum: float = option(0.9, "Server SGD momentum (the authors' 0.9).")
+    hn_weight_decay: float = option(1e-3, "Server SGD weight decay (the authors' 1e-3).")
+    hn_max_grad_norm: float = option(50.0, "Clip the hypernetwork's gradient to this norm (the authors' 50).")
+
+    def validate(self) -> None:
+        if self.embed_dim != -1 and self.embed_dim < 1:
+            raise ConfigError(f"--embed-dim must be ≥ 1 or -1 (automatic), got {self.embed_dim}")
+        if self.hn_hidden < 1 or self.hn_hidden_layers < 0:
+            raise ConfigError(
+                f"--hn-hidden must be ≥ 1 and --hn-hidden-layers ≥ 0, got {self.hn_hidden}, {self.hn_hidden_layers}"
+            )
+        for flag, value in (("--hn-lr", self.hn_lr), ("--embed-lr", self.embed_lr)):
+            if value is not None and not value > 0:
+                raise ConfigError(f"{flag} must be > 0, got {value}")
+        if not 0 <= self.hn_momentum < 1 or not self.hn_weight_decay >= 0 or not self.hn_max_grad_norm > 0:
+            raise ConfigError(
+                f"--hn-momentum must be in [0, 1), --hn-weight-decay ≥ 0 and --hn-max-grad-norm > 0, got "
+                f"{self.hn_momentum}, {self.hn_weight_decay}, {self.hn_max_grad_norm}"
+            )
+
+
+@register_algorithm("pfedhn")
+class PFedHN(Algorithm[PFedHNHyperparameters]):
+    """A server hypernetwork generates each client's model from its learned embedding."""
+
+    display_name = "pFedHN"
+    paper = "Shamsian et al., ICML 2021"
+    method_family = "hypernetwork"
+    hyperparameters = PFedHNHyperparameters
+    program_class = PFedHNProgram
+    has_global_model = False
+    upload_is_averaged_update = False
+    checkpoint_attributes = ("hypernetwork", "momentum_buffers", "reported")
+
+    @classmethod
+    def check_config(cls, config: RunConfig, hparams: Any) -> None:
+        if config.executor == "vmap":
+            raise ConfigError(
+                "pfedhn generates a different model for every client and updates its hypernetwork "
+                "from each upload; --executor vmap cannot host it: use --executor sequential or ray"
+            )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        hparams, num_clients = self.hparams, self.config.num_clients
+        device = next(iter(self.initial_state.values())).device
+        self.targets = {n: self.initial_state[n].shape for n in self.layout.shared}
+        self.embed_dim = hparams.embed_dim if hparams.embed_dim > 0 else int(1 + num_clients / 4)
+        generator = torch.Generator().manual_seed(derive_seed(self.config.seed, "pfedhn.init"))
+        initial = init_hypernetwork(
+            num_clients, self.embed_dim, hparams.hn_hidden, hparams.hn_hidden_layers, self.targets, generator
+        )
+        self.hypernetwork = {n: t.to(device) for n, t in initial.items()}
+        self.momentum_buffers = {n: torch.zeros_like(t) for n, t in self.hypernetwork.items()}
+        embed_lr = hparams.hn_lr if hparams.embed_lr is None else hparams.embed_lr
+        self.learning_rates = {n: embed_lr if n == EMBEDDINGS else hparams.hn_lr for n in self.hypernetwork}
+        self.reported: list[int] = []  # clients whose embedding has been trained (new clients: their mean)
+
+    def select_shared(self, names: list[str]) -> list[str]:
+        trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        return [n for n in names if n in trainable]  # generated; float buffers stay with each client
+
+    @torch.no_grad()
+    def generate(self, embedding: torch.Tensor) -> Tensors:
+        return generate_weights(self.hypernetwork, embedding, self.targets, self.hparams.hn_hidden_layers)
+
+    def broadcast(self, client_id: int) -> Tensors:
+        """θ_i = h(v_i; φ) (counted in bytes_down)."""
+        return self.generate(self.hypernetwork[EMBEDDINGS][client_id])
+
+    def aggregate(self, updates) -> None:
+        """One SGD step per reporting client (client-id order), each with its VJP at φ^t."""
+        hidden_layers = self.hparams.hn_hidden_layers
+        ordered = sorted(updates, key=lambda u: u.client_id)
+        gradients = [
+            hypernetwork_gradient(self.hypernetwork, u.client_id, u.params, self.targets, hidden_layers)
+            for u in ordered
+        ]
+        hparams = self.hparams
+        for gradient in gradients:
+            clipped = clip_total_norm(gradient, hparams.hn_max_grad_norm)
+            sgd_step(
+                self.hypernetwork,
+                clipped,
+                self.momentum_buffers,
+                self.learning_rates,
+                hparams.hn_momentum,
+                hparams.hn_weight_decay,
+            )
+        self.reported = sorted(set(self.reported) | {u.client_id for u in updates})
+
+    def clients_share_one_model(self) -> bool:
+        return False  # every client has its own generated model
+
+    def personal_model(self, client_id: int) -> Tensors:
+        return self.model_state({**self.broadcast(client_id), **self.store.get(client_id)})
+
+    def new_client_model(self, client_id: int) -> Tensors:
+        embeddings = self.hypernetwork[EMBEDDINGS]
+        embedding = embeddings[self.reported].mean(0) if self.reported else embeddings[client_id]
+        return self.model_state({**self.generate(embedding), **self.store.initial})
+
+    def new_client_program(self) -> ClientProgram:
+        return FineTuneProgram(self.layout.trainable, self.config.local_spec, self.config.local_epochs)
+
+    def round_diagnostics(self, updates) -> dict[str, Any]:
+        """The mean norm of the uploads Δθ_i (how far local training moved the generated models)."""
+        norms = [math.sqrt(sum(float(t.pow(2).sum()) for t in u.params.values())) for u in updates]
+        return {"pfedhn_delta_norm": sum(norms) / len(norms)} if norms else {}

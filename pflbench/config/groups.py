@@ -155,6 +155,9 @@ class LocalSpec:
     momentum: float
     weight_decay: float
     max_grad_norm: float
+    # --precision: the forward passes' and losses' arithmetic (util.precision); in the run
+    # identity through ``config.identity.run_identity`` (it shapes evaluation and pretraining too)
+    precision: str = "fp32"
 
     def identity(self) -> dict[str, Any]:
         read = {

@@ -27,6 +27,7 @@ OMITTED_AT_DEFAULT: dict[str, Any] = {
     "finetune_epochs": 0,
     "new_clients": 0.0,
     "threads": 1,
+    "precision": "fp32",
     "dp": "off",
     # the system model (engine.availability): left out while it is off (``availability_settings``)
     "dropout": 0.0,
@@ -136,6 +137,8 @@ def run_identity(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dic
         identity["finetune_epochs"] = config.finetune_epochs
     if config.new_clients != OMITTED_AT_DEFAULT["new_clients"]:
         identity["new_clients"] = config.new_clients
+    if config.precision != OMITTED_AT_DEFAULT["precision"]:  # bf16 changes the numbers; fp32: older runs keep their folders
+        identity["precision"] = config.precision
     identity.update(availability_settings(config))  # none while it is off: older runs keep their folders
     identity.update(privacy_settings(config))  # none without --dp: older runs keep their folders
     identity.update(attack_settings(config))  # none without --attack / --robust-agg: older runs keep their folders

@@ -45,6 +45,7 @@ ATTACKS = ("none", "label-flip", "sign-flip", "scale", "gaussian", "backdoor")  
 MODEL_POISONING = ("sign-flip", "scale", "gaussian")  # attacks on the uploads (the rest poison the data)
 ROBUST_AGGREGATORS = ("none", "median", "trimmed-mean", "krum", "multi-krum", "norm-bound")  # engine.robust
 FEATURE_SHIFTS = ("rotate", "contrast", "color", "noise", "blur", "invert")  # --feature-shift (data.feature_shift)
+PRECISIONS = ("fp32", "bf16")  # --precision (util.precision)
 
 
 def option(default: Any, help: str, **metadata: Any) -> Any:
@@ -278,6 +279,14 @@ class RunConfig:
         "pers_acc_ft; 0 = off. Only for algorithms with a global model.",
     )
     device: str = option("cpu", "Torch device: cpu, cuda, cuda:1, ...")
+    precision: str = option(
+        "fp32",
+        "Arithmetic of the model's forward passes and losses (local training, evaluation, "
+        "pretraining): fp32, or bf16 autocast (parameters, gradients and optimizer state stay "
+        "fp32; faster on GPUs with bf16 units; a device without bf16 is refused). bf16 is part "
+        "of the run identity.",
+        choices=PRECISIONS,
+    )
     executor: str = option(
         "sequential",
         "How clients train: sequential (one after another); vmap "
@@ -439,6 +448,7 @@ class RunConfig:
             self.momentum,
             self.weight_decay,
             _resolved(self.max_grad_norm, "max_grad_norm"),
+            self.precision,
         )
 
 
@@ -552,6 +562,10 @@ def validate(config: RunConfig) -> None:
             f"--max-grad-norm must be ≥ 0 (0 = no clipping), got {config.max_grad_norm}",
         ),
         (config.seed >= 0, f"--seed must be ≥ 0, got {config.seed}"),
+        (
+            config.precision in PRECISIONS,
+            f"--precision {config.precision!r} is not one of: {', '.join(PRECISIONS)}",
+        ),
         (config.checkpoint_every >= 0, f"--checkpoint-every must be ≥ 0 (0 = never), got {config.checkpoint_every}"),
         (
             0 <= config.threads <= MAX_THREADS,

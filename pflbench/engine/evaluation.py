@@ -21,6 +21,7 @@ from torch import nn
 
 from pflbench.engine.types import Tensors, load_into
 from pflbench.models.zoo import body_stages
+from pflbench.util.precision import autocast, eval_batch
 
 
 @dataclass
@@ -109,12 +110,22 @@ def evaluate_heads(
     batch: int = 256,
     clients: list[int] | None = None,
     on: str = "test",
+    precision: str = "fp32",
 ) -> np.ndarray | None:
     """Correct predictions of each client of ``clients`` (default: all; ``split.heads[i]`` is
     ``clients[i]``'s head) on its ``on`` split (``test`` or ``val``) under ``split``;
     ``tensors`` are ``model``'s live tensors (loaded in place). None if a hook split turns out
-    not to hold."""
+    not to hold. ``batch`` is the CPU's; an accelerator takes a large one (``util.precision``);
+    ``precision`` bf16 runs body and heads under autocast."""
     model.eval()
+    batch = eval_batch(data.device, batch)
+    with autocast(data.device, precision):
+        return _evaluate_heads(model, tensors, data, split, batch, clients, on)
+
+
+def _evaluate_heads(
+    model: nn.Module, tensors: Tensors, data, split: HeadSplit, batch: int, clients: list[int] | None, on: str
+) -> np.ndarray | None:
     clients = list(range(len(split.heads))) if clients is None else clients
     indices, counts = data.eval_indices(on), data.eval_counts(on)
     load_into(tensors, {**split.common, **split.heads[0]})
@@ -131,12 +142,12 @@ def evaluate_heads(
         features.append(head_input)
         targets.append(labels)
     body_output, labels = torch.cat(features), torch.cat(targets)
-    correct = np.zeros(len(split.heads), dtype=np.int64)
+    correct = []  # on the device until the end: one host sync, not one per client
     offset = 0
     for i, head in enumerate(split.heads):
         count = counts[clients[i]]
         load_into(tensors, head)
         logits = _head(model, split, body_output[offset : offset + count])
-        correct[i] = int((logits.argmax(dim=1) == labels[offset : offset + count]).sum())
+        correct.append((logits.argmax(dim=1) == labels[offset : offset + count]).sum(dtype=torch.long))
         offset += count
-    return correct
+    return torch.stack(correct).cpu().numpy()

@@ -21,6 +21,7 @@ from pflbench.engine.algorithm import ClientProgram
 from pflbench.engine.evaluation import evaluate_heads, head_split
 from pflbench.engine.local import LocalTrainer
 from pflbench.engine.types import ClientJob, ClientUpdate, EvalJob, Tensors, load_into
+from pflbench.util.precision import autocast, eval_batch
 from pflbench.util.ray_cluster import require_ray
 from pflbench.util.seeding import derive_seed
 
@@ -60,7 +61,7 @@ class SequentialExecutor:
             self.tensors, {n: t for n, t in assembled.items() if n in self.tensors}
         )  # extra state stays in the job
         torch.manual_seed(derive_seed(job.seed, "dropout"))  # dropout and friends: per job
-        trainer = LocalTrainer(self.model, self.data, job, program.local.batch_size)
+        trainer = LocalTrainer(self.model, self.data, job, program.local.batch_size, program.local.precision)
         result = program.local_update(trainer)
         upload = result.upload if result.upload is not None else program.upload(self.tensors, job.received)
         private = result.private if result.private is not None else program.private_state(self.tensors, job.private)
@@ -75,12 +76,15 @@ class SequentialExecutor:
         )
 
     @torch.no_grad()
-    def _count_correct(self, indices: torch.Tensor, batch: int = 1024) -> torch.Tensor:
-        """Per-sample correctness (bool) of the working model on ``indices``."""
+    def _count_correct(self, indices: torch.Tensor, precision: str = "fp32", batch: int = 1024) -> torch.Tensor:
+        """Per-sample correctness (bool) of the working model on ``indices`` (``batch`` on the
+        CPU, a large one on an accelerator: ``util.precision.eval_batch``)."""
         hits = []
+        batch = eval_batch(self.data.device, batch)
         for start in range(0, len(indices), batch):
             inputs, targets = self.data.gather(indices[start : start + batch])
-            hits.append(self.model(inputs).argmax(dim=1) == targets)
+            with autocast(self.data.device, precision):
+                hits.append(self.model(inputs).argmax(dim=1) == targets)
         return torch.cat(hits) if hits else torch.zeros(0, dtype=torch.bool, device=self.data.device)
 
     def evaluate_split(
@@ -97,7 +101,9 @@ class SequentialExecutor:
         if heads is None:
             return None
         clients = range(self.data.num_clients) if clients is None else clients
-        return evaluate_heads(self.model, self.tensors, self.data, heads, clients=list(clients), on=split)
+        return evaluate_heads(
+            self.model, self.tensors, self.data, heads, clients=list(clients), on=split, precision=program.local.precision
+        )
 
     def _owned_indices(self, client_ids: Sequence[int], split: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The clients' ``split`` indices, concatenated, and each index's position in ``client_ids``."""
@@ -109,13 +115,15 @@ class SequentialExecutor:
 
     @torch.no_grad()
     def evaluate(self, program: ClientProgram, jobs: Sequence[EvalJob]) -> list[np.ndarray]:
+        """The counts stay on the device until every job is queued: one host sync, not one per job."""
         self.model.eval()
-        results = []
+        results: list[torch.Tensor] = []
         for job in jobs:
             load_into(self.tensors, job.state)
             if len(job.client_ids) == 1:
                 (k,) = job.client_ids
-                results.append(np.array([int(self._count_correct(self.data.eval_indices(job.split)[k]).sum())]))
+                hits = self._count_correct(self.data.eval_indices(job.split)[k], program.local.precision)
+                results.append(hits.sum(dtype=torch.long).reshape(1))
                 continue
             if list(job.client_ids) == list(range(self.data.num_clients)):
                 if job.split not in self._everyone:  # every evaluation round: built once
@@ -124,9 +132,11 @@ class SequentialExecutor:
             else:
                 indices, owner = self._owned_indices(job.client_ids, job.split)
             correct = torch.zeros(len(job.client_ids), dtype=torch.long, device=self.data.device)
-            correct.index_add_(0, owner, self._count_correct(indices).long())
-            results.append(correct.cpu().numpy())
-        return results
+            correct.index_add_(0, owner, self._count_correct(indices, program.local.precision).long())
+            results.append(correct)
+        if not results:
+            return []
+        return [part.numpy() for part in torch.cat(results).cpu().split([len(r) for r in results])]
 
 
 class LazyExecutor:

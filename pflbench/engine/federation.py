@@ -33,7 +33,7 @@ from pflbench.engine.executor import Executor
 from pflbench.engine.metrics import accuracy_metrics
 from pflbench.engine.observers import RunObserver
 from pflbench.engine.personalize import personalize
-from pflbench.engine.privacy import Privacy
+from pflbench.engine.privacy import Privacy, client_sample_rate
 from pflbench.engine.robust import RobustAggregation
 from pflbench.engine.types import ClientJob, ClientUpdate, EvalJob, Tensors, tensor_bytes
 from pflbench.util import progress
@@ -136,7 +136,7 @@ class Federation:
                 settings.privacy,
                 settings.seed,
                 settings.sampled_per_round,
-                self.training_clients,
+                client_sample_rate(settings.sampled_per_round, len(self.training_clients), settings.availability),
                 self.num_train,
                 settings.local.batch_size,
                 algorithm.program.local_phases,

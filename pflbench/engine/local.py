@@ -11,6 +11,7 @@ A ``ClientProgram`` normally only names phases, loss terms and its optimizer; th
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -21,6 +22,7 @@ from torch.func import functional_call
 
 from pflbench.engine.optim import SGD, Adam, LocalOptimizer
 from pflbench.engine.types import ClientJob, Forward, LocalPhase, OptimizerSpec, ParamLayout, Tensors
+from pflbench.util.precision import autocast
 
 if TYPE_CHECKING:
     from pflbench.data.dataset import FederatedData
@@ -72,8 +74,11 @@ class LocalResult:
 class LocalTrainer:
     """One client's model (loaded with its assembled state) and data, for one job."""
 
-    def __init__(self, model: nn.Module, data: FederatedData, job: ClientJob, batch_size: int) -> None:
+    def __init__(
+        self, model: nn.Module, data: FederatedData, job: ClientJob, batch_size: int, precision: str = "fp32"
+    ) -> None:
         self.model, self.data, self.job, self.batch_size = model, data, job, batch_size
+        self.precision = precision  # --precision (util.precision): fp32, or bf16 autocast of forwards and losses
         self.params: dict[str, nn.Parameter] = dict(model.named_parameters())
         self.state: Tensors = {**self.params, **dict(model.named_buffers())}
         self.generator = torch.Generator().manual_seed(job.seed)
@@ -81,10 +86,22 @@ class LocalTrainer:
 
     def forward(self, params: Tensors, inputs: torch.Tensor) -> torch.Tensor:
         """The model's output with ``params``: the live parameters, or any other tensors of the
-        same names (e.g. a second model, a mixture) through ``torch.func.functional_call``."""
+        same names (e.g. a second model, a mixture) through ``torch.func.functional_call``.
+        Under ``--precision bf16`` it runs autocast and returns float32 logits, so that a loss
+        computed on them outside autocast (a custom ``local_update``) is a float32 loss."""
+        if self.precision != "fp32":
+            with self.autocast():
+                return self._forward(params, inputs).float()
+        return self._forward(params, inputs)
+
+    def _forward(self, params: Tensors, inputs: torch.Tensor) -> torch.Tensor:
         if params is self.params:
             return self.model(inputs)
         return functional_call(self.model, params, (inputs,), strict=False)
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        """The context of a forward pass and its loss at the run's ``--precision`` (nothing for fp32)."""
+        return autocast(self.device, self.precision)
 
     def epoch(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """One shuffled pass over the client's train split (the job's seeded generator)."""
@@ -113,7 +130,8 @@ class LocalTrainer:
         parameters' names; the live buffers) on one batch, without touching ``.grad``. For
         updates written as explicit gradient formulas (pFedMe, Per-FedAvg, APFL, Ditto)."""
         leaves = {n: p.detach().requires_grad_(True) for n, p in params.items()}
-        loss = F.cross_entropy(functional_call(self.model, leaves, (inputs,), strict=False), targets)
+        with self.autocast():
+            loss = F.cross_entropy(functional_call(self.model, leaves, (inputs,), strict=False), targets)
         return loss.detach(), dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))
 
     def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -165,8 +183,9 @@ def standard_local_update(program: BatchLoopProgram, trainer: LocalTrainer) -> L
                 if privacy is not None:
                     loss, terms = private_gradients(program, trainer, trainable, inputs, targets, privacy, noise)
                 else:
-                    terms = program.loss_terms(trainer.forward, trainer.params, inputs, targets, job.received)  # type: ignore[arg-type]
-                    loss = sum(program.loss_weights.get(n, 1.0) * t for n, t in terms.items())  # type: ignore[assignment]
+                    with trainer.autocast():  # --precision bf16: the forward and the loss, never the backward
+                        terms = program.loss_terms(trainer.forward, trainer.params, inputs, targets, job.received)  # type: ignore[arg-type]
+                        loss = sum(program.loss_weights.get(n, 1.0) * t for n, t in terms.items())  # type: ignore[assignment]
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                 if spec.max_grad_norm is not None:

@@ -44,12 +44,14 @@ batch loop (``local_update``) or upload something other than their model tensors
 
 **Accountant.** Opacus' RDP accountant (``pip install 'pflbench[dp]'``), the moments accountant
 of both papers: ε(q, z, steps, δ) of the sampled Gaussian mechanism. Client level: q = M/K_train
-(the sampled clients per round over the training clients), one step per round. Sample level:
-each client k has its own ε_k with q_k = B/n_k and its own count of local steps (steps only
-happen in rounds where it is sampled, ``--local-epochs`` × its batches per epoch, summed over
-the phases); a round reports the largest ε_k (the worst-off client). Both follow the usual
-practice of accounting a fixed-size (or shuffled) sample as Poisson sampling at rate q, as
-Opacus and the papers do. σ = 0 releases the updates without noise: ε = ∞ (``null`` in JSON).
+(the sampled clients per round over the training clients; with over-selection M'/K_train, with
+an availability trace 1: ``client_sample_rate``), one step per round. Sample level: each client
+k has its own ε_k with q_k = B/n_k and its own count of local steps (steps only happen in rounds
+where it reports: the steps its batch loop took, ``--local-epochs`` × its batches per epoch
+summed over the phases unless a deadline cut them short); a round reports the largest ε_k (the
+worst-off client). Both follow the usual practice of accounting a fixed-size (or shuffled)
+sample as Poisson sampling at rate q, as Opacus and the papers do. σ = 0 releases the updates
+without noise: ε = ∞ (``null`` in JSON).
 
 What is **not** privatized (diagnostics of the experiment, not a model release): the training
 losses and accuracies in ``rounds.jsonl``, and ``dp_clipped_frac`` (the true fraction of clipped
@@ -72,8 +74,9 @@ from typing import Any
 import torch
 from torch.func import grad, vmap
 
-from pflbench.config.groups import PrivacySpec
+from pflbench.config.groups import AvailabilitySpec, PrivacySpec
 from pflbench.engine.algorithm import Algorithm, ClientProgram
+from pflbench.engine.availability import over_selected_count
 from pflbench.engine.types import ClientUpdate, Tensors
 from pflbench.errors import ConfigError
 from pflbench.util.seeding import derive_seed
@@ -164,6 +167,17 @@ def batches_per_epoch(size: int, batch_size: int) -> int:
     sample joins the previous batch)."""
     count = max(1, -(-size // batch_size))
     return count - 1 if batch_size > 1 and count > 1 and size - (count - 1) * batch_size == 1 else count
+
+
+def client_sample_rate(sampled_per_round: int, num_training: int, availability: AvailabilitySpec) -> float:
+    """q of client-level accounting: the largest chance a client has to be in a round's release.
+    M/K_train for the uniform sample; over-selection samples M' = ⌈M·(1 + f)⌉ (those that report
+    are among them); an availability trace makes some clients likelier than others, so no
+    amplification by sampling is claimed (q = 1). Dropout and deadlines only remove clients."""
+    if availability.availability != "always":
+        return 1.0
+    sampled = over_selected_count(sampled_per_round, availability.over_select, num_training)
+    return min(1.0, sampled / num_training)
 
 
 def epsilon(history: Sequence[tuple[float, float, int]], delta: float) -> float:
@@ -369,13 +383,13 @@ class Privacy:
         spec: PrivacySpec,
         seed: int,
         sampled_per_round: int,
-        training_clients: Sequence[int],
+        sample_rate: float,
         num_train: Sequence[int],
         batch_size: int,
         local_phases: Callable[[int], list[Any]],
     ) -> None:
         self.spec, self.seed = spec, seed
-        self.sample_rate = sampled_per_round / len(training_clients)
+        self.sample_rate = sample_rate  # q of client-level accounting (client_sample_rate)
         self.count_noise = count_noise(spec, sampled_per_round)
         self.update_multiplier = (
             update_noise_multiplier(spec.noise, self.count_noise) if spec.adaptive_quantile else spec.noise

@@ -31,6 +31,7 @@ from pflbench.engine.local import LocalResult, mean_terms
 from pflbench.engine.types import ClientJob, ClientUpdate, EvalJob, OptimizerSpec, Tensors
 from pflbench.engine.vmap_optim import FunctionalOptimizer
 from pflbench.errors import ConfigError
+from pflbench.util.precision import autocast
 
 MAX_CLIENTS_AT_ONCE = 128  # clients stacked together (memory: this many model copies + optimizer state)
 
@@ -206,7 +207,7 @@ class VmapExecutor(SequentialExecutor):
         results: list[np.ndarray | None] = [None] * len(jobs)
         for start in range(0, len(single), MAX_CLIENTS_AT_ONCE):
             chunk = single[start : start + MAX_CLIENTS_AT_ONCE]
-            counts = self._evaluate_together([jobs[i] for i in chunk])
+            counts = self._evaluate_together([jobs[i] for i in chunk], program.local.precision)
             for i, count in zip(chunk, counts):
                 results[i] = np.array([count])
         rest = [i for i in range(len(jobs)) if results[i] is None]
@@ -214,14 +215,15 @@ class VmapExecutor(SequentialExecutor):
             results[i] = result
         return results  # type: ignore[return-value]
 
-    def _evaluate_together(self, jobs: Sequence[EvalJob], batch: int = 256) -> list[int]:
+    def _evaluate_together(self, jobs: Sequence[EvalJob], precision: str = "fp32", batch: int = 256) -> list[int]:
         self.model.eval()
         stacked = {n: torch.stack([job.state[n] for job in jobs]) for n in jobs[0].state}
         module_tensors = {n: t for n, t in self.tensors.items() if n not in stacked}
         model = self.model
 
         def predict(state: Tensors, inputs: torch.Tensor) -> torch.Tensor:
-            return functional_call(model, {**module_tensors, **state}, (inputs,)).argmax(dim=1)
+            with autocast(self.data.device, precision):
+                return functional_call(model, {**module_tensors, **state}, (inputs,)).argmax(dim=1)
 
         predict_all = vmap(predict)
         splits = [self.data.eval_indices(job.split)[job.client_ids[0]] for job in jobs]
@@ -246,6 +248,7 @@ class VmapExecutor(SequentialExecutor):
 
     def _loss_function(self, program: ClientProgram):
         model, buffers, weights = self.model, self.buffers, program.loss_weights
+        device, precision = self.data.device, program.local.precision
 
         def loss(
             trained: Tensors,
@@ -260,10 +263,12 @@ class VmapExecutor(SequentialExecutor):
             params = {n: t for n, t in state.items() if n not in buffers}
 
             def forward(p: Tensors, x: torch.Tensor) -> torch.Tensor:
-                return functional_call(model, {**own_buffers, **p}, (x,), strict=False)
+                output = functional_call(model, {**own_buffers, **p}, (x,), strict=False)
+                return output if precision == "fp32" else output.float()  # as LocalTrainer.forward
 
-            terms = program.loss_terms(forward, params, inputs, targets, received)
-            value = sum(weights.get(n, 1.0) * t for n, t in terms.items())
+            with autocast(device, precision):  # --precision bf16: the forward and the loss, as the batch loop
+                terms = program.loss_terms(forward, params, inputs, targets, received)
+                value = sum(weights.get(n, 1.0) * t for n, t in terms.items())
             return value, (value, terms)
 
         return loss

@@ -36,6 +36,7 @@ from pflbench.models.zoo import build_model, head_parameter_names, load_weights
 from pflbench.util import cache, progress
 from pflbench.util.atomic import atomic_write_bytes, remove_stale_temporaries
 from pflbench.util.hashing import settings_hash
+from pflbench.util.precision import autocast
 from pflbench.util.seeding import derive_seed, rng_stream
 
 PRETRAIN_BATCH_SIZE = 16
@@ -72,6 +73,8 @@ def backbone_key(config: RunConfig, dataset: TensorDataset, public: np.ndarray, 
         "weight_decay": PRETRAIN_WEIGHT_DECAY,
         "val_frac": PRETRAIN_VAL_FRAC,
         "threads": threads,
+        # --precision bf16 pretrains under autocast: other weights (fp32 keys stay as before it existed)
+        **({"precision": config.precision} if config.precision != "fp32" else {}),
     }
 
 
@@ -92,12 +95,19 @@ class PretrainedBackbone:
     content: bytes | None = None  # the entry's bytes when its cache file could not be written
 
 
-def train_centrally(model: nn.Module, data: FederatedData, epochs: int, lr: float, generator: torch.Generator) -> None:
+def train_centrally(
+    model: nn.Module,
+    data: FederatedData,
+    epochs: int,
+    lr: float,
+    generator: torch.Generator,
+    precision: str = "fp32",
+) -> None:
     """``epochs`` of AdamW on cross-entropy over ``data``'s one train split (client 0), reported
     as a progress stage: samples/s, ETA, each epoch's mean loss and, when someone is watching
     and there is a held-back split, its accuracy after the epoch (an extra forward pass over
     the held-back part per epoch, skipped when silent; it consumes no randomness, so the
-    weights are the same either way)."""
+    weights are the same either way). ``precision`` bf16: forward and loss under autocast."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=PRETRAIN_WEIGHT_DECAY)
     held_back = data.test_indices[0] if progress.active() and data.num_test[0] > 0 else None
     with progress.stage("pretraining", epochs * data.num_train[0], "sample") as stage:
@@ -107,7 +117,8 @@ def train_centrally(model: nn.Module, data: FederatedData, epochs: int, lr: floa
             status = f"epoch {epoch}/{epochs}{last}"
             total_loss, batches = torch.zeros((), device=data.device), 0
             for inputs, targets in data.train_batches(0, PRETRAIN_BATCH_SIZE, generator):
-                loss = F.cross_entropy(model(inputs), targets)
+                with autocast(data.device, precision):
+                    loss = F.cross_entropy(model(inputs), targets)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
@@ -116,17 +127,18 @@ def train_centrally(model: nn.Module, data: FederatedData, epochs: int, lr: floa
                 stage.advance(len(targets), status)
             summary = f"loss {float(total_loss) / max(1, batches):.4f}"
             if held_back is not None:
-                summary += f"  held-back acc {split_accuracy(model, data, held_back):.4f}"
+                summary += f"  held-back acc {split_accuracy(model, data, held_back, precision):.4f}"
             last = f"  (epoch {epoch}: {summary})"
             stage.advance(0, f"epoch {epoch}/{epochs} done  {summary}")
     model.train()
 
 
 @torch.no_grad()
-def split_accuracy(model: nn.Module, data: FederatedData, indices: torch.Tensor) -> float:
+def split_accuracy(model: nn.Module, data: FederatedData, indices: torch.Tensor, precision: str = "fp32") -> float:
     model.eval()
     inputs, targets = data.gather(indices)
-    return float((model(inputs).argmax(dim=1) == targets).float().mean())
+    with autocast(data.device, precision):
+        return float((model(inputs).argmax(dim=1) == targets).float().mean())
 
 
 def pretrain_backbone(
@@ -152,8 +164,8 @@ def pretrain_backbone(
         "time estimate in the progress line below; cached for later runs. To skip it: --weights FILE, "
         "--backbone random, or a smaller --pretrain-epochs"
     )
-    train_centrally(model, data, config.pretrain_epochs, config.pretrain_lr, generator)
-    accuracy = split_accuracy(model, data, data.test_indices[0])
+    train_centrally(model, data, config.pretrain_epochs, config.pretrain_lr, generator, config.precision)
+    accuracy = split_accuracy(model, data, data.test_indices[0], config.precision)
     meta = {"key": key, "val_accuracy": accuracy, "num_train": len(train[0]), "num_val": len(val[0])}
     head = head_parameter_names(model)
     backbone = {n: t.cpu() for n, t in model.state_dict().items() if n not in head}

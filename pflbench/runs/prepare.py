@@ -37,6 +37,7 @@ from pflbench.models.zoo import build_model
 from pflbench.registry import ALGORITHMS
 from pflbench.runs.prepared import PreparedRun
 from pflbench.runs.trackers import check_trackers
+from pflbench.util.precision import check_precision
 from pflbench.util.seeding import derive_seed
 from pflbench.util.threads import apply_threads, resolved_threads
 
@@ -118,7 +119,7 @@ def plan_run(
     getattr(EXECUTORS[config.executor], "check", lambda: None)()  # e.g. Ray installed
     if config.log:
         check_trackers(config.log)  # an unknown tracker or a missing library fails before any work
-    resolve_device(config.device)
+    check_precision(config.precision, resolve_device(config.device))  # bf16 on a device without it: refused
     return RunPlan(config, algorithm_class, hparams, applied)
 
 

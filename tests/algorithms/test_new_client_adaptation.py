@@ -23,9 +23,11 @@ OVERRIDES = {
 BUILT_IN = sorted(n for n in ALGORITHMS.names() if ALGORITHMS.get(n).__module__.startswith("pflbench.algorithms."))
 AS_IT_IS = {"fedavg", "fedprox", "moon", "feddyn", "scaffold", "fedala", "flexlora"}
 AS_IT_IS |= {"fedavgm", "fedadam", "fedyogi", "fedadagrad", "fednova"}  # server optimizers, FedNova
+AS_IT_IS |= {"fedgen", "fedkd"}  # the global model; FedKD: the mentee (a new client has no mentor)
 FRESH_PRIVATE_PART = {"fedper", "fedrep", "lgfedavg", "fedbn", "fedrod", "local"}
 FRESH_PRIVATE_PART |= {"fedpac", "feddbe"}  # a fresh classifier / PRBM on the trained model
 FRESH_PRIVATE_PART |= {"fedas"}  # a fresh head on the global body
+FRESH_PRIVATE_PART |= {"fedcp"}  # a fresh personalized head (and its vector) on the global route
 OWN_PROGRAM = {
     "fedproto": "FedProtoNewClientProgram",
     "ditto": "DittoNewClientProgram",
@@ -35,6 +37,9 @@ OWN_PROGRAM = {
     "ifca": "IFCASelection",  # the lowest-loss cluster
     "fedfomo": "FedFomoNewClientProgram",  # one FedFomo update from random downloads
     "fedamp": "FedAMPNewClientProgram",  # FedAMP's objective towards the clients' mean
+    "gpfl": "GPFLNewClientProgram",  # its conditional inputs, then a fresh head
+    "fedmtl": "FedMTLNewClientProgram",  # a new task trained against the reported models
+    "pfedhn": "FineTuneProgram",  # the mean embedding's generated model, fine-tuned
 }
 
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 
 from pflbench.cli import cli
+from pflbench.config.groups import AvailabilitySpec
 from pflbench.config.identity import run_identity, run_name
 from pflbench.config.run_config import RunConfig
 from pflbench.engine import ClientUpdate, Observer
@@ -29,6 +30,7 @@ from pflbench.engine.privacy import (
     adapted_clip,
     batches_per_epoch,
     client_level_refusal,
+    client_sample_rate,
     clip_per_sample,
     clip_update,
     epsilon,
@@ -42,6 +44,7 @@ from pflbench.registry import ALGORITHMS
 from pflbench.runs.api import run_experiment
 from pflbench.runs.prepare import plan_run, prepare
 from pflbench.testing import Harness
+from pflbench.util.seeding import derive_seed
 
 opacus = pytest.importorskip("opacus", reason="the accountant needs Opacus (pip install 'pflbench[dp]')")
 from opacus.accountants import RDPAccountant  # noqa: E402
@@ -204,8 +207,6 @@ def test_client_level_round_is_the_clipped_uniform_mean_plus_seeded_noise() -> N
         assert norm > 0.05  # this clip binds
         for n, t in clipped.items():
             expected_total[n] = expected_total.get(n, 0) + t
-    from pflbench.util.seeding import derive_seed
-
     generator = torch.Generator().manual_seed(derive_seed(0, "privacy.noise", 1))
     mean = noised_mean(expected_total, 4, 0.05, 0.7, generator)
     for name, value in server.global_state.items():
@@ -218,6 +219,14 @@ def test_private_mean_without_updates_changes_nothing() -> None:
     stream = PrivateMean(target, 1.0, 1.0, torch.Generator())
     stream.finish()
     assert torch.equal(target["w"], torch.ones(3))
+
+
+def test_client_sample_rate() -> None:
+    """M/K; over-selection samples ⌈M·1.5⌉ = 3 of 4; an availability trace claims no amplification."""
+    assert client_sample_rate(2, 4, AvailabilitySpec()) == 0.5
+    assert client_sample_rate(2, 4, AvailabilitySpec(dropout=0.3)) == 0.5
+    assert client_sample_rate(2, 4, AvailabilitySpec(over_select=0.5)) == 0.75
+    assert client_sample_rate(2, 4, AvailabilitySpec(availability="cyclic")) == 1.0
 
 
 def test_run_epsilon_equals_opacus_for_the_run_s_q_sigma_steps_delta() -> None:

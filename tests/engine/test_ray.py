@@ -161,6 +161,26 @@ def test_ray_executor_gives_the_sequential_numbers_with_dp(dp: str, local_ray, t
 
 
 @needs_ray
+@pytest.mark.parametrize(
+    "attack",
+    [
+        {"attack": "gaussian", "attackers": 0.25, "attack_scale": 0.1, "robust_agg": "trimmed-mean", "trim_frac": 0.25},
+        {"attack": "backdoor", "attackers": 0.25, "robust_agg": "krum"},
+    ],
+    ids=["gaussian-trimmed-mean", "backdoor-krum"],
+)
+def test_ray_executor_gives_the_sequential_numbers_under_attack(attack: dict, local_ray, tmp_path: Path) -> None:
+    """engine.attacks / engine.robust: the poisoned data travels with the run's data, the poisoned
+    uploads and the robust rule are the driver's: the sequential numbers, attackers and asr."""
+    settings = {**TINY, "num_clients": 5, **attack}
+    execute(prepare(RunConfig(out=str(tmp_path / "seq"), **settings)))
+    execute(prepare(RunConfig(out=str(tmp_path / "ray"), executor="ray", ray_workers=2, **settings)))
+    on_ray = comparable(run_folder(tmp_path / "ray"))
+    assert on_ray == comparable(run_folder(tmp_path / "seq"))
+    assert on_ray["rounds"][-1]["attackers"]
+
+
+@needs_ray
 def test_ray_executor_gives_the_sequential_numbers_with_stragglers(local_ray, tmp_path: Path) -> None:
     """engine.availability: dropouts, partial work (each job's step cap travels to the actor)
     and over-selection give the sequential executor's numbers, who reported and simulated time."""
@@ -387,6 +407,12 @@ NEW_ALGORITHMS = (
     "fedfomo",
     "fedamp",
     "fedas",
+    "fedgen",
+    "fedkd",
+    "fedcp",
+    "gpfl",
+    "fedmtl",
+    "pfedhn",
 )
 
 

@@ -188,6 +188,8 @@ def test_checkpoint_of_other_settings_is_not_resumed(tmp_path: Path) -> None:
 STATEFUL = ("scaffold", "feddyn", "moon", "ditto", "apfl", "fedala", "pfedme")
 STATEFUL += ("fedproto", "fedpac", "feddbe")  # prototypes, combined heads, z̄_g and PRBMs
 STATEFUL += ("ifca", "fedfomo", "fedamp", "fedas")  # assignments, affinity + uploads, uploads, bodies
+STATEFUL += ("fedcp", "gpfl")  # personalized heads + client vectors, heads + conditional inputs
+STATEFUL += ("fedgen", "fedkd")  # generator + its Adam moments + p̂; mentors
 
 
 @pytest.mark.parametrize("algo", STATEFUL)
