@@ -60,8 +60,19 @@ from typing import Any
 
 import torch
 
-from pflbench import Algorithm, Choice, ClientProgram, ConfigError, RunConfig, Tensors, option, register_algorithm
-from pflbench.engine import LocalResult, LocalTrainer, standard_local_update
+from pflbench import (
+    Algorithm,
+    Choice,
+    ClientProgram,
+    ClientUpdate,
+    ConfigError,
+    Dimension,
+    RunConfig,
+    Tensors,
+    option,
+    register_algorithm,
+)
+from pflbench.engine import Forward, LocalResult, LocalTrainer, standard_local_update
 
 PEERS = "fedmtl.peers"
 
@@ -104,7 +115,9 @@ class RegulariserTerms:
 class FedMTLProgram(ClientProgram["FedMTLHyperparameters"]):
     regulariser: RegulariserTerms | None = None  # this job's terms (set on a per-job copy)
 
-    def loss_terms(self, forward, params, inputs, targets, received):
+    def loss_terms(
+        self, forward: Forward, params: Tensors, inputs: torch.Tensor, targets: torch.Tensor, received: Tensors
+    ) -> dict[str, torch.Tensor]:
         terms = super().loss_terms(forward, params, inputs, targets, received)
         assert self.regulariser is not None, "loss_terms runs inside local_update's per-job copy"
         terms["task_relationship"] = self.regulariser.value(flatten(params, self.layout.trainable))
@@ -174,7 +187,7 @@ class FedMTL(Algorithm[FedMTLHyperparameters]):
             )
 
     @classmethod
-    def search_space(cls, config, hparams):
+    def search_space(cls, config: RunConfig, hparams: Any) -> dict[str, Dimension]:
         return {**super().search_space(config, hparams), "lam": Choice((1e-4, 1e-3, 1e-2, 1e-1, 1.0))}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -196,7 +209,7 @@ class FedMTL(Algorithm[FedMTLHyperparameters]):
     def broadcast(self, client_id: int) -> Tensors:
         return self.peer_models(exclude=client_id)
 
-    def aggregate(self, updates) -> None:
+    def aggregate(self, updates: list[ClientUpdate]) -> None:
         """No averaging: the server keeps each reporting client's model as its column of W (the
         uploaded model is the one the client stores: ``store``)."""
         self.reported = sorted(set(self.reported) | {u.client_id for u in updates})

@@ -79,7 +79,7 @@ from pflbench.util.seeding import derive_seed
 
 HEAD, EMBEDDING = "head", "embedding"
 PERSONALIZED_INPUT, GLOBAL_INPUT = "personalized_input", "global_input"  # private buffers
-VALVE_PARTS = ("gamma", "beta")
+VALVE_PARTS = ("gamma", "beta")  # the CoV's two conditional layers
 
 
 # ---- the math ----------------------------------------------------------------------------
@@ -128,9 +128,8 @@ class ConditionalValveHead(nn.Module):
         self.head = head
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(module_seed)  # the new modules' own stream: the model's other weights unchanged
-            for part in VALVE_PARTS:
-                layers = (nn.Linear(width, width), nn.ReLU(), nn.LayerNorm(width))
-                setattr(self, part, nn.Sequential(*layers).to(device=device, dtype=dtype))
+            self.gamma = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.LayerNorm(width)).to(device, dtype)
+            self.beta = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.LayerNorm(width)).to(device, dtype)
             self.embedding = nn.Embedding(num_classes, width, device=device, dtype=dtype)
         self.register_buffer(PERSONALIZED_INPUT, torch.zeros(width, device=device, dtype=dtype))
         self.register_buffer(GLOBAL_INPUT, torch.zeros(width, device=device, dtype=dtype))

@@ -57,7 +57,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pflbench import Algorithm, ClientProgram, ConfigError, RunConfig, Tensors, option, register_algorithm
+from pflbench import (
+    Algorithm,
+    ClientProgram,
+    ClientUpdate,
+    ConfigError,
+    RunConfig,
+    Tensors,
+    option,
+    register_algorithm,
+)
 from pflbench.engine import FineTuneProgram
 from pflbench.util.seeding import derive_seed
 
@@ -107,8 +116,9 @@ def generate_weights(
         weight, bias = hypernetwork[layer_name(index, "weight")], hypernetwork[layer_name(index, "bias")]
         features = F.linear(F.relu(features), weight, bias)
     return {
-        target: F.linear(features, hypernetwork[head_name(target, "weight")], hypernetwork[head_name(target, "bias")])
-        .reshape(shape)
+        target: F.linear(
+            features, hypernetwork[head_name(target, "weight")], hypernetwork[head_name(target, "bias")]
+        ).reshape(shape)
         for target, shape in targets.items()
     }
 
@@ -209,7 +219,7 @@ class PFedHN(Algorithm[PFedHNHyperparameters]):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        hparams, num_clients = self.hparams, self.config.num_clients
+        hparams, num_clients = self.hparams, len(self.num_train)
         device = next(iter(self.initial_state.values())).device
         self.targets = {n: self.initial_state[n].shape for n in self.layout.shared}
         self.embed_dim = hparams.embed_dim if hparams.embed_dim > 0 else int(1 + num_clients / 4)
@@ -235,7 +245,7 @@ class PFedHN(Algorithm[PFedHNHyperparameters]):
         """θ_i = h(v_i; φ) (counted in bytes_down)."""
         return self.generate(self.hypernetwork[EMBEDDINGS][client_id])
 
-    def aggregate(self, updates) -> None:
+    def aggregate(self, updates: list[ClientUpdate]) -> None:
         """One SGD step per reporting client (client-id order), each with its VJP at φ^t."""
         hidden_layers = self.hparams.hn_hidden_layers
         ordered = sorted(updates, key=lambda u: u.client_id)
@@ -270,7 +280,7 @@ class PFedHN(Algorithm[PFedHNHyperparameters]):
     def new_client_program(self) -> ClientProgram:
         return FineTuneProgram(self.layout.trainable, self.config.local_spec, self.config.local_epochs)
 
-    def round_diagnostics(self, updates) -> dict[str, Any]:
+    def round_diagnostics(self, updates: list[ClientUpdate]) -> dict[str, Any]:
         """The mean norm of the uploads Δθ_i (how far local training moved the generated models)."""
         norms = [math.sqrt(sum(float(t.pow(2).sum()) for t in u.params.values())) for u in updates]
         return {"pfedhn_delta_norm": sum(norms) / len(norms)} if norms else {}

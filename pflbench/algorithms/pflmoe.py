@@ -56,7 +56,7 @@ refuses custom local updates for it).
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,7 +125,8 @@ def subset_batches(
 @dataclass(frozen=True)
 class PFLMoEHyperparameters:
     gate_fraction: float = option(
-        0.25, "Fraction of each client's train samples that train the gate (the rest: the personal model; authors: 1/4)."
+        0.25,
+        "Fraction of each client's train samples that train the gate (the rest: the personal model; authors: 1/4).",
     )
     gate_epochs: int | None = option(None, "Epochs of the gate per round [default: --local-epochs].")
 
@@ -160,7 +161,12 @@ class PFLMoEProgram(ClientProgram[PFLMoEHyperparameters]):
         steps = 0
         model.train()
 
-        def train(names: tuple[str, ...], epochs: int, batches, loss_of) -> float:
+        def train(
+            names: tuple[str, ...],
+            epochs: int,
+            batches: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]],
+            loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        ) -> float:
             nonlocal steps
             params = trainer.train_only(frozenset(names), self.layout.trainable)
             optimizer = trainer.optimizer(spec, params)
@@ -244,12 +250,12 @@ class PFLMoE(Algorithm[PFLMoEHyperparameters]):
         head = head_module_names(model, 1)[0]
         final = model.get_submodule(head)
         if not isinstance(final, nn.Linear):
-            raise ConfigError(f"pflmoe's gate reads the input of a linear final layer; {head!r} is a {type(final).__name__}")
+            raise ConfigError(
+                f"pflmoe's gate reads the input of a linear final layer; {head!r} is a {type(final).__name__}"
+            )
         expert = copy.deepcopy(model)  # the global expert: the same initial model
         model.add_module(GLOBAL, expert)
-        model.add_module(
-            GATE, nn.Linear(final.in_features, 1, device=final.weight.device, dtype=final.weight.dtype)
-        )
+        model.add_module(GATE, nn.Linear(final.in_features, 1, device=final.weight.device, dtype=final.weight.dtype))
         model.register_forward_hook(MixtureOutput(head))
         return {**record, "pflmoe": f"{GLOBAL} (global expert, shared), own parameters + {GATE} (private)"}
 

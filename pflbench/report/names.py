@@ -193,9 +193,12 @@ def setup_text(frame: pd.DataFrame) -> str:
     else:
         partition_text = f"partition {' / '.join(labels)}"
     epochs = field("local_epochs")
+    threats = ""  # --attack / --robust-agg (engine.attacks, engine.robust): said whenever a run has one
+    if any(s.get(name) not in (None, "none") for s in settings for name in ("attack", "robust_agg")):
+        threats = f", attack {field('attack')} (attackers {field('attackers')}), aggregation {field('robust_agg')}"
     return (
         f"{', '.join(sorted(runs['dataset'].unique()))}, {partition_text}, "
         f"{field('num_clients')} clients{'' if new in ('0', '') else f' ({new} of them new, never trained)'}, "
         f"{sampled} sampled per round, {field('rounds')} rounds, "
-        f"{epochs} local epoch{'' if epochs == '1' else 's'}, model {field('model')}"
+        f"{epochs} local epoch{'' if epochs == '1' else 's'}, model {field('model')}{threats}"
     )

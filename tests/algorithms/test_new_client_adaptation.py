@@ -40,6 +40,7 @@ OWN_PROGRAM = {
     "gpfl": "GPFLNewClientProgram",  # its conditional inputs, then a fresh head
     "fedmtl": "FedMTLNewClientProgram",  # a new task trained against the reported models
     "pfedhn": "FineTuneProgram",  # the mean embedding's generated model, fine-tuned
+    "pflmoe": "PFLMoENewClientProgram",  # v fine-tuned from the global model, then the gate
 }
 
 

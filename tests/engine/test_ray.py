@@ -412,6 +412,7 @@ NEW_ALGORITHMS = (
     "fedcp",
     "gpfl",
     "fedmtl",
+    "pflmoe",
     "pfedhn",
 )
 

@@ -190,6 +190,7 @@ STATEFUL += ("fedproto", "fedpac", "feddbe")  # prototypes, combined heads, z̄_
 STATEFUL += ("ifca", "fedfomo", "fedamp", "fedas")  # assignments, affinity + uploads, uploads, bodies
 STATEFUL += ("fedcp", "gpfl")  # personalized heads + client vectors, heads + conditional inputs
 STATEFUL += ("fedgen", "fedkd")  # generator + its Adam moments + p̂; mentors
+STATEFUL += ("fedmtl", "pflmoe", "pfedhn")  # W's columns; personal experts + gates; hypernetwork + momentum
 
 
 @pytest.mark.parametrize("algo", STATEFUL)
