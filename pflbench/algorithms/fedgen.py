@@ -24,7 +24,7 @@ Client k, from the second round on (once a generator exists), minimises per mini
 
 with ŷ ~ p̂(y) a batch of ``--gen-batch-size`` B̂ labels, B the ``--batch-size``, the generator in
 eval mode and fixed, the KL's target detached, and α_t = max(10⁻⁴, α·0.98^(t−1)), β_t likewise
-(``decayed_weight``, t the round).
+(``decayed_weight``, t the round, 0.98 the ``--generative-decay``).
 
 Choices the paper leaves open, and what the authors' code (zhuangdizhu/FedGen) does:
 
@@ -62,7 +62,7 @@ once trained, the generator's parameters and BatchNorm statistics and p̂ (``fed
 ``fedgen.label_distribution``). Up: the trained model plus the client's label counts
 (``fedgen.label_counts``). The generator, its Adam moments, p̂ and the number of generator
 trainings are server state (``checkpoint_attributes``); the server's random draws come from a stream
-keyed by the round, so a resumed run continues exactly.
+keyed by the number of generator trainings, so a resumed run continues exactly.
 
 Evaluation: FedGen learns one global model and the paper evaluates it on every client's test data:
 ``pers_acc`` is the global model's (``personal_model_is_received``); new clients are served by the

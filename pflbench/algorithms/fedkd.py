@@ -12,7 +12,7 @@ from the labels and from each other (adaptive mutual distillation):
 
 ŷ the softmax outputs, KL(p ‖ q) = Σ_c p_c·log(p_c/q_c) averaged over the batch, H the input of
 the final classifier layer. The distillation weight 1/(L_t^t + L_t^s) is small while the models
-predict well (little to learn from each other's mistakes) and large early on.
+still predict poorly (their soft labels are unreliable) and grows as their task losses fall.
 
 The mentee's update Δ_k = θ_s,k − θ_s is compressed by SVD before it is uploaded
 (``--compression svd``, the paper's FedKD; ``none`` uploads the mentee as FedAvg does): each
@@ -28,7 +28,9 @@ with BERT) and PFLlib (``clientkd``/``serverkd``) do:
 - Mentee architecture. The paper's mentee is a smaller model (a 4-layer vs a 12-layer BERT). Here
   the mentee is the run's ``--model`` and the mentor the same architecture (a ``--mentee-model``
   would need a second zoo model inside the client program; not offered), as in PFLlib, which
-  also uses one architecture. Both start from the run's initial weights (PFLlib does the same).
+  also uses one architecture. Both start from the run's initial weights (PFLlib does the same), so
+  in a client's first round they stay equal (L is symmetric; the KL and hidden terms are 0) until the
+  mentee it receives is the average of other clients' mentees.
 - Gradients. The authors' code minimises the sum L of both models' losses with one optimizer and
   nothing detached (the KL targets and the adaptive weight carry gradients); we do the same. The
   authors' ``nn.KLDivLoss()`` averages over batch *and classes* (KL/C); we use the KL per sample

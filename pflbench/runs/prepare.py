@@ -110,6 +110,8 @@ def plan_run(
     check_privacy(config.privacy_spec, algorithm_class, config.algo, config.executor, sampled)  # a true ε or a refusal
     check_partial_work(config, algorithm_class)
     check_attack_algorithm(config.attack_spec, config.robust_spec, algorithm_class, config.algo)
+    if config.num_clients is not None:  # else checked once K is fitted (prepare)
+        check_attack_clients(config.attack_spec, config.robust_spec, config.num_training_clients, sampled)
     if config.finetune_epochs and not algorithm_class.has_global_model:
         raise ConfigError(
             f"--finetune-epochs fine-tunes the global model, and --algo {config.algo} has none; leave it at 0"

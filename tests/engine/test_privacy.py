@@ -312,12 +312,12 @@ def numbers(summary: dict) -> list[dict]:
     ids=["client-adaptive", "sample"],
 )
 def test_killed_run_resumes_with_the_same_noise_and_privacy(dp: dict, tmp_path: Path) -> None:
-    settings = dict(**{**TINY, "rounds": 3}, frac=0.5, checkpoint_every=1, **dp)
+    settings = dict(**TINY, frac=0.5, checkpoint_every=1, eval_every=2, **dp)
     pid = os.fork()
     if pid == 0:
         try:
             torch.set_num_threads(1)
-            os.environ["PFLBENCH_TEST_KILL_AFTER_ROUND"] = "2"
+            os.environ["PFLBENCH_TEST_KILL_AFTER_ROUND"] = "1"
             run_experiment(RunConfig(out=str(tmp_path / "killed"), **settings))
         finally:
             os._exit(3)
