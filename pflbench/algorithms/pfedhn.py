@@ -35,7 +35,8 @@ Choices the paper leaves open, and what the authors' code does:
   dense embedding gradient in the authors' code).
 
 What travels (bytes): down, the generated model θ_i; up, Δθ_i (the same size). The hypernetwork
-never leaves the server. Server state — φ, the embeddings and the SGD momentum buffers — is in
+never leaves the server. Its memory: the output heads hold (H + 1)·d numbers for a model of d
+parameters (about 100 models' worth at H = 100), twice with the momentum buffers. Server state — φ, the embeddings and the SGD momentum buffers — is in
 checkpoints (``checkpoint_attributes``), so a resumed run continues bit for bit.
 
 Evaluation: pers_acc uses the generated model h(v_i; φ) as it is (the authors evaluate it without
@@ -246,19 +247,17 @@ class PFedHN(Algorithm[PFedHNHyperparameters]):
         return self.generate(self.hypernetwork[EMBEDDINGS][client_id])
 
     def aggregate(self, updates: list[ClientUpdate]) -> None:
-        """One SGD step per reporting client (client-id order), each with its VJP at φ^t."""
-        hidden_layers = self.hparams.hn_hidden_layers
-        ordered = sorted(updates, key=lambda u: u.client_id)
-        gradients = [
-            hypernetwork_gradient(self.hypernetwork, u.client_id, u.params, self.targets, hidden_layers)
-            for u in ordered
-        ]
+        """One SGD step per reporting client (client-id order), each with its VJP at φ^t (a copy
+        of φ^t keeps memory at one gradient at a time)."""
         hparams = self.hparams
-        for gradient in gradients:
-            clipped = clip_total_norm(gradient, hparams.hn_max_grad_norm)
+        at_generation = {n: t.clone() for n, t in self.hypernetwork.items()} if len(updates) > 1 else self.hypernetwork
+        for update in sorted(updates, key=lambda u: u.client_id):
+            gradient = hypernetwork_gradient(
+                at_generation, update.client_id, update.params, self.targets, hparams.hn_hidden_layers
+            )
             sgd_step(
                 self.hypernetwork,
-                clipped,
+                clip_total_norm(gradient, hparams.hn_max_grad_norm),
                 self.momentum_buffers,
                 self.learning_rates,
                 hparams.hn_momentum,

@@ -18,12 +18,14 @@ only: their validation and test splits, and every honest client, stay clean):
   channel) in the bottom-right corner — and the label t = ``--backdoor-target``. Images only
   (uint8 [N, C, H, W], H and W ≥ 3); other data is refused.
 
-  **Attack success rate** ``asr``: every training client's test samples of true class ≠ t,
-  with the trigger stamped (copies appended to the run's data, so the clean test splits are
-  untouched), are the ``backdoor`` evaluation split; asr = the fraction of them classified as
-  t, pooled over the clients (Σ hits / Σ samples), by the global model; for an algorithm
-  without one (``has_global_model`` False) each client's personal model on its own triggered
-  samples, as it is (``personal_model(k)``, no personalization program: as ``ood_acc``).
+  **Attack success rate** ``asr``: every honest training client's test samples of true class
+  ≠ t, with the trigger stamped (copies appended to the run's data, so the clean test splits
+  are untouched), are the ``backdoor`` evaluation split; asr = the fraction of them classified
+  as t, pooled over the clients (Σ hits / Σ samples), by the global model; for an algorithm
+  without one (``has_global_model`` False) each honest client's personal model on its own
+  triggered samples, as it is (``personal_model(k)``, no personalization program: as
+  ``ood_acc``). The attackers' own samples are left out: their personal models learnt the
+  trigger from their own data, and the attack's aim is the honest clients' models.
   Measured at every evaluation; the summary keeps the last (and its last-10% mean). The
   appended copies are part of the pooled data whose per-channel mean and std normalise the
   inputs (as the test samples are), so a backdoor run's normalisation differs slightly from
@@ -121,7 +123,7 @@ def poison_data(
     """(the run's data with the attackers' train splits poisoned, each client's ``backdoor``
     evaluation indices or None). Never modifies ``dataset`` (it may be a cached object):
     label flipping and the backdoor build new tensors; the backdoor also appends the triggered
-    copies of the training clients' test samples of true class ≠ t (labelled t)."""
+    copies of the honest training clients' test samples of true class ≠ t (labelled t)."""
     if spec.kind == "label-flip":
         indices = np.concatenate([train[k] for k in attackers]).astype(np.int64)
         return dataclasses.replace(dataset, labels=flip_labels(dataset.labels, indices, dataset.num_classes)), None
@@ -132,10 +134,10 @@ def poison_data(
     where = torch.as_tensor(poisoned.astype(np.int64))
     inputs[where] = stamp_trigger(inputs[where])
     labels[where] = spec.backdoor_target
-    training = set(training_clients)
+    honest = set(training_clients) - set(attackers)
     sources = [
         test[k][dataset.labels[torch.as_tensor(test[k], dtype=torch.long)].numpy() != spec.backdoor_target]
-        if k in training
+        if k in honest
         else np.zeros(0, dtype=np.int64)
         for k in range(len(test))
     ]

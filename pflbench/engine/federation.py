@@ -406,11 +406,12 @@ class Federation:
         return {"ood_acc": float(np.concatenate(correct).sum() / (self.num_ood * len(clients)))}
 
     def evaluate_asr(self) -> dict[str, float]:
-        """``asr`` (``--attack backdoor``, engine.attacks): the fraction of the training clients'
-        triggered test samples (true class ≠ target, labelled with the target) classified as the
-        target, by the global model; for an algorithm without one, each client's personal model
-        on its own triggered samples, as it is (no personalization program, as ``evaluate_ood``)."""
-        algorithm, clients = self.algorithm, self.training_clients
+        """``asr`` (``--attack backdoor``, engine.attacks): the fraction of the honest training
+        clients' triggered test samples (true class ≠ target, labelled with the target)
+        classified as the target, by the global model; for an algorithm without one, each honest
+        client's personal model on its own triggered samples, as it is (no personalization
+        program, as ``evaluate_ood``)."""
+        algorithm, clients = self.algorithm, [k for k in self.training_clients if k not in set(self.attackers)]
         assert self.num_backdoor is not None
         total = int(self.num_backdoor[clients].sum())
         if algorithm.has_global_model:

@@ -189,6 +189,27 @@ def test_pfedhn_sends_generated_models_and_updates_from_the_deltas(tmp_path: Pat
     assert algorithm.reported == [0, 1, 2]
 
 
+def test_pfedhn_server_steps_once_per_client_with_gradients_at_the_generating_phi(tmp_path: Path) -> None:
+    """Two uploads: the server's update equals two SGD steps (client-id order) whose VJPs are both
+    taken at φ^t, where the two models were generated — not at the φ after the first step."""
+    from pflbench.engine.types import ClientUpdate
+
+    algorithm = prepare(tiny("pfedhn", tmp_path)).algorithm
+    hparams, targets = algorithm.hparams, algorithm.targets
+    phi = {n: t.clone() for n, t in algorithm.hypernetwork.items()}
+    generator = torch.Generator().manual_seed(3)
+    deltas = {k: {n: 0.01 * torch.randn(shape, generator=generator) for n, shape in targets.items()} for k in (0, 2)}
+    expected, buffers = {n: t.clone() for n, t in phi.items()}, {n: torch.zeros_like(t) for n, t in phi.items()}
+    for k in (0, 2):
+        gradient = hypernetwork_gradient(phi, k, deltas[k], targets, hparams.hn_hidden_layers)
+        clipped = clip_total_norm(gradient, hparams.hn_max_grad_norm)
+        sgd_step(expected, clipped, buffers, algorithm.learning_rates, hparams.hn_momentum, hparams.hn_weight_decay)
+    algorithm.aggregate([ClientUpdate(2, 10, deltas[2], {}), ClientUpdate(0, 10, deltas[0], {})])
+    assert all(torch.allclose(algorithm.hypernetwork[n], expected[n], atol=1e-7) for n in phi)
+    assert all(torch.equal(algorithm.momentum_buffers[n], buffers[n]) for n in phi)
+    assert algorithm.learning_rates[EMBEDDINGS] == hparams.hn_lr == 0.01
+
+
 @pytest.mark.parametrize("algo", ["fedmtl", "pfedhn"])
 def test_vmap_and_client_level_dp_are_refused_in_one_line(algo: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as refusal:

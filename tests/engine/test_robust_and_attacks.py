@@ -155,10 +155,10 @@ def test_backdoor_stamps_the_trigger_and_the_target_and_copies_the_test_samples(
     for i in changed:
         assert poisoned.labels[i] == 1 and bool((poisoned.inputs[i, :, -3:, -3:] == TRIGGER_VALUE).all())
         assert torch.equal(poisoned.inputs[i, :, :2], dataset.inputs[i, :, :2])  # outside the patch: as it was
-    # triggered copies of the training clients' (0 and 2) test samples whose class is not the target
-    sources = [i for k in (0, 2) for i in test[k] if dataset.labels[i] != 1]
-    assert sources == [18, 19, 22, 23]  # labels 2, 3, 2, 3 (none is the target 1)
-    assert [len(s) for s in backdoor] == [2, 0, 2]  # client 1 is a new client: not measured
+    # triggered copies of the honest training clients' test samples whose class is not the target
+    sources = [i for i in test[0] if dataset.labels[i] != 1]
+    assert sources == [18, 19]  # labels 2, 3 (neither is the target 1)
+    assert [len(s) for s in backdoor] == [2, 0, 0]  # client 1 is a new client, client 2 the attacker
     copies = np.concatenate(backdoor)
     assert len(copies) == len(sources) and len(poisoned.labels) == 24 + len(sources)
     assert bool((poisoned.labels[copies] == 1).all())
