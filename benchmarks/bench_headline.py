@@ -224,9 +224,7 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     # (c) evaluation of every client's test split
     everyone = torch.cat(harness.data.test_indices)
     engine = best_time(lambda: harness.evaluate(), args.repeats, device)
-    plain = best_time(
-        lambda: plain_evaluation(harness.model, harness.data, everyone, precision), args.repeats, device
-    )
+    plain = best_time(lambda: plain_evaluation(harness.model, harness.data, everyone, precision), args.repeats, device)
     eval_flops = flops_per_sample(harness.model, *harness.data.gather(everyone[:256]), train=False)
     result["evaluation"] = stage_line("(c) evaluation", len(everyone), engine, plain, eval_flops, rate)
     return result

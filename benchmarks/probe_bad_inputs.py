@@ -259,6 +259,329 @@ IGNORED_ON_THE_COMMAND_LINE = {
 }
 
 
+def _algo(name: str, *extra: str) -> list[str]:
+    return ["--algo", name, *extra]
+
+
+# the options this session added (data, availability, privacy, attacks, new algorithms): extra
+# arguments of a one-round digits/mlp run; each must be refused before any training starts
+NEW_OPTION_CASES: dict[str, list[str]] = {
+    # quantity skew and feature shift
+    "sizes unknown": ["--sizes", "zipf"],
+    "size-param negative (powerlaw)": ["--partition", "iid", "--sizes", "powerlaw", "--size-param", "-1"],
+    "size-param NaN (lognormal)": ["--partition", "iid", "--sizes", "lognormal", "--size-param", "nan"],
+    "size-param inf (powerlaw)": ["--partition", "iid", "--sizes", "powerlaw", "--size-param", "inf"],
+    "size-param 0 (dirichlet)": ["--partition", "iid", "--sizes", "dirichlet", "--size-param", "0"],
+    "sizes with shards": ["--partition", "shards", "--sizes", "powerlaw"],
+    "sizes with dirichlet": ["--sizes", "lognormal"],
+    "size-param without sizes": ["--partition", "iid", "--size-param", "2"],
+    "min-size 0": ["--min-size", "0"],
+    "min-size negative": ["--min-size", "-5"],
+    "min-size huge": ["--min-size", "100000"],
+    "min-size 10**20": ["--min-size", str(10**20)],
+    "min-size huge with sizes": ["--partition", "iid", "--sizes", "powerlaw", "--min-size", "1000"],
+    "feature-shift unknown": ["--feature-shift", "sepia"],
+    "feature-shift twice": ["--feature-shift", "rotate,rotate"],
+    "feature-shift only commas": ["--feature-shift", ",,"],
+    "shift-groups 1": ["--feature-shift", "rotate", "--shift-groups", "1"],
+    "shift-groups negative": ["--feature-shift", "rotate", "--shift-groups", "-2"],
+    "shift-groups without feature-shift": ["--shift-groups", "2"],
+    "shift-groups more than clients": ["--feature-shift", "rotate", "--shift-groups", "7"],
+    "shift-groups 10**20": ["--feature-shift", "rotate", "--shift-groups", str(10**20)],
+    "feature-shift on non-image features": [
+        "--dataset",
+        "synthetic",
+        "--dataset-option",
+        "shape=5",
+        "--feature-shift",
+        "rotate",
+    ],
+    # multi-domain data
+    "partition domain without domains": ["--partition", "domain"],
+    "partition domain-dirichlet without domains": ["--partition", "domain-dirichlet"],
+    "holdout-domain on digits": ["--holdout-domain", "sketch"],
+    "holdout-domain with partition iid": ["--partition", "iid", "--holdout-domain", "sketch"],
+    "holdout-domain empty": ["--holdout-domain", ""],
+    "pacs holdout-domain unknown": ["--dataset", "pacs", "--partition", "domain", "--holdout-domain", "nope"],
+    "mnist_usps holdout-domain unknown": [
+        "--dataset",
+        "mnist_usps",
+        "--partition",
+        "domain",
+        "--holdout-domain",
+        "svhn",
+    ],
+    "imagefolder_domains without data-dir": ["--dataset", "imagefolder_domains", "--partition", "domain"],
+    "imagefolder_domains missing data-dir": [
+        "--dataset",
+        "imagefolder_domains",
+        "--data-dir",
+        "/nonexistent/domains",
+        "--partition",
+        "domain",
+    ],
+    # availability and stragglers
+    "dropout 1": ["--dropout", "1"],
+    "dropout negative": ["--dropout", "-0.1"],
+    "dropout NaN": ["--dropout", "nan"],
+    "dropout inf": ["--dropout", "inf"],
+    "dropout a word": ["--dropout", "half"],
+    "availability unknown": ["--availability", "sometimes"],
+    "availability-rate 0": ["--availability", "bernoulli", "--availability-rate", "0"],
+    "availability-rate 1.5": ["--availability", "bernoulli", "--availability-rate", "1.5"],
+    "availability-rate NaN": ["--availability", "cyclic", "--availability-rate", "nan"],
+    "availability-rate without availability": ["--availability-rate", "0.3"],
+    "availability-period 0": ["--availability", "cyclic", "--availability-period", "0"],
+    "availability-period 10**20": ["--availability", "cyclic", "--availability-period", str(10**20)],
+    "availability-period with bernoulli": ["--availability", "bernoulli", "--availability-period", "10"],
+    "straggler-model unknown": ["--straggler-model", "pareto"],
+    "straggler-sigma negative": ["--straggler-model", "lognormal", "--straggler-sigma", "-1"],
+    "straggler-sigma NaN": ["--straggler-model", "lognormal", "--straggler-sigma", "nan"],
+    "straggler-sigma huge": ["--straggler-model", "lognormal", "--straggler-sigma", "1e308"],
+    "straggler-sigma without lognormal": ["--straggler-sigma", "2"],
+    "sample-time 0": ["--deadline", "10", "--sample-time", "0"],
+    "sample-time inf": ["--deadline", "10", "--sample-time", "inf"],
+    "sample-time without a time model": ["--sample-time", "0.5"],
+    "bandwidth 0": ["--deadline", "10", "--bandwidth", "0"],
+    "bandwidth NaN": ["--deadline", "10", "--bandwidth", "nan"],
+    "bandwidth without a time model": ["--bandwidth", "5"],
+    "deadline 0": ["--deadline", "0"],
+    "deadline negative": ["--deadline", "-3"],
+    "deadline NaN": ["--deadline", "nan"],
+    "deadline inf": ["--deadline", "inf"],
+    "deadline-policy unknown": ["--deadline", "10", "--deadline-policy", "wait"],
+    "deadline-policy partial without deadline": ["--deadline-policy", "partial"],
+    "deadline partial with vmap": ["--deadline", "10", "--deadline-policy", "partial", "--executor", "vmap"],
+    "deadline partial with scaffold": ["--deadline", "10", "--deadline-policy", "partial", *_algo("scaffold")],
+    "deadline partial with pfedme": ["--deadline", "10", "--deadline-policy", "partial", *_algo("pfedme")],
+    "deadline partial with fedrep": ["--deadline", "10", "--deadline-policy", "partial", *_algo("fedrep")],
+    "deadline partial with perfedavg": ["--deadline", "10", "--deadline-policy", "partial", *_algo("perfedavg")],
+    "deadline partial with ditto": ["--deadline", "10", "--deadline-policy", "partial", *_algo("ditto")],
+    "over-select negative": ["--over-select", "-1"],
+    "over-select NaN": ["--over-select", "nan"],
+    "over-select huge": ["--frac", "0.5", "--over-select", "1e308"],
+    # differential privacy
+    "dp unknown": ["--dp", "server"],
+    "dp-clip 0": ["--dp", "client", "--dp-clip", "0"],
+    "dp-clip NaN": ["--dp", "client", "--dp-clip", "nan"],
+    "dp-noise negative": ["--dp", "client", "--dp-noise", "-1"],
+    "dp-noise inf": ["--dp", "sample", "--dp-noise", "inf"],
+    "dp-delta 0": ["--dp", "client", "--dp-delta", "0"],
+    "dp-delta 1": ["--dp", "client", "--dp-delta", "1"],
+    "dp-delta NaN": ["--dp", "client", "--dp-delta", "nan"],
+    "dp-adaptive-quantile 1": ["--dp", "client", "--dp-adaptive-quantile", "1"],
+    "dp-adaptive-quantile negative": ["--dp", "client", "--dp-adaptive-quantile", "-0.5"],
+    "dp-adaptive-quantile with dp sample": ["--dp", "sample", "--dp-adaptive-quantile", "0.5"],
+    "dp-clip-lr 0": ["--dp", "client", "--dp-adaptive-quantile", "0.5", "--dp-clip-lr", "0"],
+    "dp-count-noise negative": ["--dp", "client", "--dp-adaptive-quantile", "0.5", "--dp-count-noise", "-1"],
+    "dp-clip without dp": ["--dp-clip", "2"],
+    "dp-noise without dp": ["--dp-noise", "0.5"],
+    "dp-clip-lr without adaptive": ["--dp", "client", "--dp-clip-lr", "0.5"],
+    "dp-count-noise without adaptive": ["--dp", "client", "--dp-count-noise", "1"],
+    "dp client with local": ["--dp", "client", *_algo("local")],
+    "dp client with fedproto": ["--dp", "client", *_algo("fedproto")],
+    "dp client with fedamp": ["--dp", "client", *_algo("fedamp")],
+    "dp client with fedfomo": ["--dp", "client", *_algo("fedfomo")],
+    "dp client with pfedhn": ["--dp", "client", *_algo("pfedhn")],
+    "dp client with fedmtl": ["--dp", "client", *_algo("fedmtl")],
+    "dp client with fedkd": ["--dp", "client", *_algo("fedkd")],
+    "dp sample with vmap": ["--dp", "sample", "--executor", "vmap"],
+    "dp sample with fedgen": ["--dp", "sample", *_algo("fedgen")],
+    # attacks and robust aggregation
+    "attack unknown": ["--attack", "poison"],
+    "attack without attackers": ["--attack", "sign-flip"],
+    "attackers 1": ["--attack", "sign-flip", "--attackers", "1"],
+    "attackers negative": ["--attack", "sign-flip", "--attackers", "-0.2"],
+    "attackers NaN": ["--attack", "sign-flip", "--attackers", "nan"],
+    "attackers without attack": ["--attackers", "0.3"],
+    "attackers round to none": ["--attack", "sign-flip", "--attackers", "0.01"],
+    "attack-scale 0": ["--attack", "scale", "--attackers", "0.4", "--attack-scale", "0"],
+    "attack-scale inf": ["--attack", "gaussian", "--attackers", "0.4", "--attack-scale", "inf"],
+    "attack-scale with label-flip": ["--attack", "label-flip", "--attackers", "0.4", "--attack-scale", "3"],
+    "backdoor-target negative": ["--attack", "backdoor", "--attackers", "0.4", "--backdoor-target", "-1"],
+    "backdoor-target ≥ classes": ["--attack", "backdoor", "--attackers", "0.4", "--backdoor-target", "10"],
+    "backdoor-frac 0": ["--attack", "backdoor", "--attackers", "0.4", "--backdoor-frac", "0"],
+    "backdoor-frac 1.5": ["--attack", "backdoor", "--attackers", "0.4", "--backdoor-frac", "1.5"],
+    "backdoor-frac without backdoor": ["--attack", "sign-flip", "--attackers", "0.4", "--backdoor-frac", "0.2"],
+    "robust-agg unknown": ["--robust-agg", "mean"],
+    "trim-frac 0.5": ["--robust-agg", "trimmed-mean", "--trim-frac", "0.5"],
+    "trim-frac negative": ["--robust-agg", "trimmed-mean", "--trim-frac", "-0.1"],
+    "trim-frac without trimmed-mean": ["--robust-agg", "median", "--trim-frac", "0.2"],
+    "krum-f negative": ["--robust-agg", "krum", "--krum-f", "-1"],
+    "krum-f too many for the clients": ["--robust-agg", "krum", "--krum-f", "5"],
+    "krum-select negative": ["--robust-agg", "multi-krum", "--krum-select", "-1"],
+    "krum-select more than reports": ["--robust-agg", "multi-krum", "--krum-f", "0", "--krum-select", "10"],
+    "krum-select with krum": ["--robust-agg", "krum", "--krum-f", "0", "--krum-select", "2"],
+    "norm-bound 0": ["--robust-agg", "norm-bound", "--norm-bound", "0"],
+    "norm-bound without norm-bound": ["--norm-bound", "3"],
+    "robust-agg with dp client": ["--robust-agg", "median", "--dp", "client"],
+    "robust-agg with fedproto": ["--robust-agg", "median", *_algo("fedproto")],
+    "robust-agg with local": ["--robust-agg", "median", *_algo("local")],
+    "robust-agg with scaffold": ["--robust-agg", "median", *_algo("scaffold")],
+    "robust-agg with fedadam": ["--robust-agg", "median", *_algo("fedadam")],
+    "robust-agg with pfedhn": ["--robust-agg", "median", *_algo("pfedhn")],
+    "robust-agg with fedfomo": ["--robust-agg", "median", *_algo("fedfomo")],
+    # new algorithms' options out of range
+    "apfl alpha-init 1.5": _algo("apfl", "--alpha-init", "1.5"),
+    "apfl alpha-init NaN": _algo("apfl", "--alpha-init", "nan"),
+    "apfl alpha-lr negative": _algo("apfl", "--alpha-lr", "-1"),
+    "apfl alpha-lr without adaptive": _algo("apfl", "--no-adaptive-alpha", "--alpha-lr", "0.1"),
+    "ditto lam negative": _algo("ditto", "--lam", "-1"),
+    "ditto personal-epochs negative": _algo("ditto", "--personal-epochs", "-1"),
+    "fedadam server-lr 0": _algo("fedadam", "--server-lr", "0"),
+    "fedadam server-beta1 1": _algo("fedadam", "--server-beta1", "1"),
+    "fedadam server-beta2 1.5": _algo("fedadam", "--server-beta2", "1.5"),
+    "fedadam server-tau 0": _algo("fedadam", "--server-tau", "0"),
+    "fedyogi server-tau NaN": _algo("fedyogi", "--server-tau", "nan"),
+    "fedadagrad server-beta2 (not its option)": _algo("fedadagrad", "--server-beta2", "0.9"),
+    "fedadam server-weighting unknown": _algo("fedadam", "--server-weighting", "median"),
+    "fedavgm server-momentum 1": _algo("fedavgm", "--server-momentum", "1"),
+    "fedavgm server-momentum negative": _algo("fedavgm", "--server-momentum", "-0.1"),
+    "fedavgm server-lr inf": _algo("fedavgm", "--server-lr", "inf"),
+    "fedala eta 0": _algo("fedala", "--eta", "0"),
+    "fedala rand-percent 0": _algo("fedala", "--rand-percent", "0"),
+    "fedala rand-percent 101": _algo("fedala", "--rand-percent", "101"),
+    "fedala layer-idx 0": _algo("fedala", "--layer-idx", "0"),
+    "fedala layer-idx 99": _algo("fedala", "--layer-idx", "99"),
+    "fedala threshold negative": _algo("fedala", "--threshold", "-1"),
+    "fedala num-pre-loss 0": _algo("fedala", "--num-pre-loss", "0"),
+    "fedala ala-max-epochs 0": _algo("fedala", "--ala-max-epochs", "0"),
+    "fedamp alpha-k 0": _algo("fedamp", "--alpha-k", "0"),
+    "fedamp lamda negative": _algo("fedamp", "--lamda", "-1"),
+    "fedamp sigma 0": _algo("fedamp", "--sigma", "0"),
+    "fedas align-lr 0": _algo("fedas", "--align-lr", "0"),
+    "fedas align-epochs negative": _algo("fedas", "--align-epochs", "-1"),
+    "fedbabu ft-epochs negative": _algo("fedbabu", "--ft-epochs", "-1"),
+    "fedbabu ft-part unknown": _algo("fedbabu", "--ft-part", "body"),
+    "fedcp mmd-weight negative": _algo("fedcp", "--mmd-weight", "-1"),
+    "fedcp policy-temperature 0": _algo("fedcp", "--policy-temperature", "0"),
+    "feddbe mr-weight negative": _algo("feddbe", "--mr-weight", "-1"),
+    "feddbe mean-momentum 0": _algo("feddbe", "--mean-momentum", "0"),
+    "feddbe mean-momentum 1.5": _algo("feddbe", "--mean-momentum", "1.5"),
+    "feddyn alpha 0": _algo("feddyn", "--feddyn-alpha", "0"),
+    "fedfomo downloads 0": _algo("fedfomo", "--downloads", "0"),
+    "fedfomo downloads 10**20": _algo("fedfomo", "--downloads", str(10**20)),
+    "fedfomo epsilon 1.5": _algo("fedfomo", "--epsilon", "1.5"),
+    "fedfomo epsilon-decay negative": _algo("fedfomo", "--epsilon-decay", "-1"),
+    "fedgen generative-alpha negative": _algo("fedgen", "--generative-alpha", "-1"),
+    "fedgen generative-decay 0": _algo("fedgen", "--generative-decay", "0"),
+    "fedgen generative-decay 1.5": _algo("fedgen", "--generative-decay", "1.5"),
+    "fedgen gen-batch-size 0": _algo("fedgen", "--gen-batch-size", "0"),
+    "fedgen generator-steps negative": _algo("fedgen", "--generator-steps", "-1"),
+    "fedgen generator-batch-size 0": _algo("fedgen", "--generator-batch-size", "0"),
+    "fedgen generator-lr 0": _algo("fedgen", "--generator-lr", "0"),
+    "fedgen generator-weight-decay negative": _algo("fedgen", "--generator-weight-decay", "-1"),
+    "fedgen diversity-weight negative": _algo("fedgen", "--diversity-weight", "-1"),
+    "fedgen noise-dim 0": _algo("fedgen", "--noise-dim", "0"),
+    "fedgen generator-hidden 0": _algo("fedgen", "--generator-hidden", "0"),
+    "fedkd energy-start 0": _algo("fedkd", "--energy-start", "0"),
+    "fedkd energy-end 1.5": _algo("fedkd", "--energy-end", "1.5"),
+    "fedkd energy-end NaN": _algo("fedkd", "--energy-end", "nan"),
+    "fedkd hidden-weight negative": _algo("fedkd", "--hidden-weight", "-1"),
+    "fedkd energy without svd": _algo("fedkd", "--compression", "none", "--energy-start", "0.9"),
+    "fedpac proto-weight negative": _algo("fedpac", "--proto-weight", "-1"),
+    "fedpac head-epochs negative": _algo("fedpac", "--head-epochs", "-1"),
+    "fedproto proto-inference unknown": _algo("fedproto", "--proto-inference", "knn"),
+    "fedproto proto-weight NaN": _algo("fedproto", "--proto-weight", "nan"),
+    "fedrep head-epochs negative": _algo("fedrep", "--head-epochs", "-1"),
+    "fedprox mu negative": _algo("fedprox", "--mu", "-1"),
+    "fedprox mu inf": _algo("fedprox", "--mu", "inf"),
+    "fedavg given mu": _algo("fedavg", "--mu", "0.1"),
+    "flexlora rank-set with 0": _algo("flexlora", "--rank-set", "0,4"),
+    "flexlora rank-set words": _algo("flexlora", "--rank-set", "a,b"),
+    "flexlora rank-set empty": _algo("flexlora", "--rank-set", ""),
+    "flexlora rank-dist unknown": _algo("flexlora", "--rank-dist", "zipf"),
+    "gpfl magnitude-weight negative": _algo("gpfl", "--magnitude-weight", "-1"),
+    "gpfl module-decay NaN": _algo("gpfl", "--module-decay", "nan"),
+    "ifca clusters 0": _algo("ifca", "--clusters", "0"),
+    "ifca clusters 10**20": _algo("ifca", "--clusters", str(10**20)),
+    "lgfedavg global-layers unknown": _algo("lgfedavg", "--global-layers", "all"),
+    "lgfedavg warmup-rounds negative": _algo("lgfedavg", "--warmup-rounds", "-1"),
+    "lgfedavg warmup-rounds ≥ rounds": _algo("lgfedavg", "--warmup-rounds", "5"),
+    "moon temperature 0": _algo("moon", "--temperature", "0"),
+    "moon mu negative": _algo("moon", "--mu", "-1"),
+    "perfedavg inner-lr 0": _algo("perfedavg", "--inner-lr", "0"),
+    "perfedavg beta 0": _algo("perfedavg", "--beta", "0"),
+    "perfedavg variant unknown": _algo("perfedavg", "--variant", "so"),
+    "perfedavg hvp-delta 0": _algo("perfedavg", "--hvp", "finite-difference", "--hvp-delta", "0"),
+    "perfedavg hvp with fo": _algo("perfedavg", "--variant", "fo", "--hvp", "finite-difference"),
+    "perfedavg hvp-delta with exact": _algo("perfedavg", "--hvp-delta", "0.01"),
+    "pfedme lam 0": _algo("pfedme", "--lam", "0"),
+    "pfedme inner-steps 0": _algo("pfedme", "--inner-steps", "0"),
+    "pfedme personal-lr 0": _algo("pfedme", "--personal-lr", "0"),
+    "pfedme beta 0": _algo("pfedme", "--beta", "0"),
+    "pfedme beta NaN": _algo("pfedme", "--beta", "nan"),
+    "pfedme inner-mu negative": _algo("pfedme", "--inner-mu", "-1"),
+    "scaffold server-lr 0": _algo("scaffold", "--server-lr", "0"),
+    "pfedhn embed-dim 0": _algo("pfedhn", "--embed-dim", "0"),
+    "pfedhn embed-dim -2": _algo("pfedhn", "--embed-dim", "-2"),
+    "pfedhn hn-hidden 0": _algo("pfedhn", "--hn-hidden", "0"),
+    "pfedhn hn-lr 0": _algo("pfedhn", "--hn-lr", "0"),
+    "pfedhn hn-momentum 1.5": _algo("pfedhn", "--hn-momentum", "1.5"),
+    "pfedhn hn-max-grad-norm negative": _algo("pfedhn", "--hn-max-grad-norm", "-1"),
+    "fedmtl lam negative": _algo("fedmtl", "--lam", "-1"),
+    "pflmoe gate-fraction 0": _algo("pflmoe", "--gate-fraction", "0"),
+    "pflmoe gate-fraction 1": _algo("pflmoe", "--gate-fraction", "1"),
+    "pflmoe gate-epochs negative": _algo("pflmoe", "--gate-epochs", "-1"),
+}
+
+# the same kind of values in a --config file (wrong types, out of range, ignored, invalid combinations)
+NEW_CONFIG_CASES: dict[str, tuple[str, str]] = {
+    "toml dropout = '0.1'": (".toml", 'dropout = "0.1"'),
+    "toml dropout = true": (".toml", "dropout = true"),
+    "toml dropout = 1.0": (".toml", "dropout = 1.0"),
+    "toml dropout = nan": (".toml", "dropout = nan"),
+    "toml availability = 5": (".toml", "availability = 5"),
+    "toml availability_rate = 2": (".toml", 'availability = "bernoulli"\navailability_rate = 2'),
+    "toml availability_period = 2.5": (".toml", 'availability = "cyclic"\navailability_period = 2.5'),
+    "toml deadline = '10'": (".toml", 'deadline = "10"'),
+    "toml deadline = -1": (".toml", "deadline = -1"),
+    "toml deadline = inf": (".toml", "deadline = inf"),
+    "toml deadline_policy = 'partial' alone": (".toml", 'deadline_policy = "partial"'),
+    "toml straggler_sigma = [1]": (".toml", 'straggler_model = "lognormal"\nstraggler_sigma = [1]'),
+    "toml straggler_sigma without model": (".toml", "straggler_sigma = 2.0"),
+    "toml over_select = nan": (".toml", "over_select = nan"),
+    "toml dp = true": (".toml", "dp = true"),
+    "toml dp_clip = '1'": (".toml", 'dp = "client"\ndp_clip = "1"'),
+    "toml dp_delta = 0": (".toml", 'dp = "client"\ndp_delta = 0'),
+    "toml dp_noise without dp": (".toml", "dp_noise = 2.0"),
+    "toml dp client with local": (".toml", 'dp = "client"\nalgo = "local"'),
+    "toml sizes = 3": (".toml", "sizes = 3"),
+    "toml sizes with shards": (".toml", 'partition = "shards"\nsizes = "powerlaw"'),
+    "toml size_param = -1": (".toml", 'partition = "iid"\nsizes = "powerlaw"\nsize_param = -1'),
+    "toml feature_shift = ['rotate']": (".toml", 'feature_shift = ["rotate"]'),
+    "toml feature_shift = 'sepia'": (".toml", 'feature_shift = "sepia"'),
+    "toml shift_groups = 2.5": (".toml", 'feature_shift = "rotate"\nshift_groups = 2.5'),
+    "toml shift_groups without shift": (".toml", "shift_groups = 2"),
+    "toml holdout_domain = 5": (".toml", "holdout_domain = 5"),
+    "toml holdout_domain on digits": (".toml", 'holdout_domain = "sketch"'),
+    "toml partition = 'domain' on digits": (".toml", 'partition = "domain"'),
+    "toml attackers = '0.2'": (".toml", 'attack = "sign-flip"\nattackers = "0.2"'),
+    "toml attack = false": (".toml", "attack = false"),
+    "toml attackers = 1.0": (".toml", 'attack = "sign-flip"\nattackers = 1.0'),
+    "toml robust_agg = 1": (".toml", "robust_agg = 1"),
+    "toml krum_f = 1.5": (".toml", 'robust_agg = "krum"\nkrum_f = 1.5'),
+    "toml trim_frac without trimmed-mean": (".toml", "trim_frac = 0.2"),
+    "toml robust_agg with fedproto": (".toml", 'robust_agg = "median"\nalgo = "fedproto"'),
+    "toml ditto lam = -1": (".toml", 'algo = "ditto"\nlam = -1.0'),
+    "toml ditto lam = 'big'": (".toml", 'algo = "ditto"\nlam = "big"'),
+    "toml fedala rand_percent = 500": (".toml", 'algo = "fedala"\nrand_percent = 500.0'),
+    "toml fedala layer_idx = 1.5": (".toml", 'algo = "fedala"\nlayer_idx = 1.5'),
+    "toml fedavgm server_momentum = true": (".toml", 'algo = "fedavgm"\nserver_momentum = true'),
+    "toml apfl adaptive_alpha = 'no'": (".toml", 'algo = "apfl"\nadaptive_alpha = "no"'),
+    "toml ifca clusters = 0": (".toml", 'algo = "ifca"\nclusters = 0'),
+    "toml fedavg mu = 0.1 (not its option)": (".toml", 'algo = "fedavg"\nmu = 0.1'),
+    "toml fedgen generative_decay = 2": (".toml", 'algo = "fedgen"\ngenerative_decay = 2.0'),
+    "yaml dropout: .nan": (".yaml", "dropout: .nan"),
+    "yaml deadline: .inf": (".yaml", "deadline: .inf"),
+    "yaml dp_delta: 1": (".yaml", "dp: client\ndp_delta: 1"),
+    "yaml sizes: [powerlaw]": (".yaml", "sizes: [powerlaw]"),
+    "yaml attackers: yes": (".yaml", "attack: sign-flip\nattackers: yes"),
+    "yaml availability_period: 0": (".yaml", "availability: cyclic\navailability_period: 0"),
+    "yaml pfedme beta: 2": (".yaml", "algo: pfedme\nbeta: 2.0"),
+}
+
+
 def judge(result: Any, changed: bool) -> list[str]:
     """What is unclean about one answer ([] = clean)."""
     problems = []
@@ -281,56 +604,18 @@ def snapshot(root: Path) -> dict[str, float]:
 RUN = ["run", "--dataset", "digits", "--model", "mlp", "--num-clients", "3", "--rounds", "1", "--quiet"]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--verbose", action="store_true", help="Also print the clean cases' error lines.")
-    args = parser.parse_args()
-    runner = CliRunner()
-    root = Path(tempfile.mkdtemp(prefix="pflbench-probe-"))
+def probe_files(runner: CliRunner, root: Path, probe: Any, work: Path) -> None:
+    """The malformed-file cases: partition files, a received run's config.json and summary.json."""
     # a finished FedSDG run: its config.json and summary.json are the valid files varied below
     base = root / "base"
     setup = runner.invoke(
         cli,
-        [
-            "run",
-            "--dataset",
-            "digits",
-            "--model",
-            "mlp",
-            "--num-clients",
-            "3",
-            "--rounds",
-            "1",
-            "--algo",
-            "fedsdg",
-            "--lora-targets",
-            "fc1",
-            "--quiet",
-            "--out",
-            str(base),
-        ],
+        [*RUN, "--algo", "fedsdg", "--lora-targets", "fc1", "--out", str(base)],
     )
     assert setup.exit_code == 0, setup.output
     run_dir = next((base / "runs").iterdir())
     config = json.loads((run_dir / "config.json").read_text())
     summary = json.loads((run_dir / "summary.json").read_text())
-
-    work = root / "work"
-    work.mkdir()
-    outcomes: list[tuple[str, str, list[str], str]] = []
-
-    def probe(kind: str, name: str, argv: list[str]) -> None:
-        before = snapshot(work)
-        result = runner.invoke(cli, argv)
-        problems = judge(result, snapshot(work) != before)
-        first = next((line for line in result.stderr.splitlines() if line.strip()), "")
-        outcomes.append((kind, name, problems, first))
-        if problems or args.verbose:
-            status = "; ".join(problems) if problems else "clean"
-            print(f"{kind:28} {name:40} {status:40} {first[:150]}", flush=True)
-        shutil.rmtree(work)
-        work.mkdir()
-
     for name, text in partition_cases().items():
         for command in ("run", "partition"):
             path = work / "part.json"
@@ -350,17 +635,57 @@ def main() -> int:
         else:
             (folder / "summary.json").write_text(text)
         probe("gates summary.json", name, ["gates", str(folder), "--plot", str(work / "gates.png")])
-    for name, (suffix, text) in CONFIG_CASES.items():
-        path = work / f"config{suffix}"
-        path.write_text(text + "\n")
-        argv = [*RUN, "--out", str(work / "out"), "--config", str(path)]
-        if "rounds" in text:
-            argv = [a for i, a in enumerate(argv) if a != "--rounds" and argv[i - 1] != "--rounds"]
-        probe("config file", name, argv)
-    for name, extra in IGNORED_ON_THE_COMMAND_LINE.items():
-        probe("ignored option", name, [*RUN, "--out", str(work / "out"), *extra])
     rerun = ["rerun", str(run_dir), "--quiet", "--out", str(work / "rerun"), "--mlflow-uri", "sqlite:///x.db"]
     probe("ignored option", "rerun --mlflow-uri without --log mlflow", rerun)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--verbose", action="store_true", help="Also print the clean cases' error lines.")
+    parser.add_argument(
+        "--only",
+        choices=("files", "options", "new"),
+        help="Probe only one part: files (partition, rerun, gates, config files), options (the options "
+        "the run ignores) or new (the options and algorithms added since: command line and --config).",
+    )
+    args = parser.parse_args()
+    runner = CliRunner()
+    root = Path(tempfile.mkdtemp(prefix="pflbench-probe-"))
+    work = root / "work"
+    work.mkdir()
+    outcomes: list[tuple[str, str, list[str], str]] = []
+
+    def probe(kind: str, name: str, argv: list[str]) -> None:
+        before = snapshot(work)
+        result = runner.invoke(cli, argv)
+        problems = judge(result, snapshot(work) != before)
+        first = next((line for line in result.stderr.splitlines() if line.strip()), "")
+        outcomes.append((kind, name, problems, first))
+        if problems or args.verbose:
+            status = "; ".join(problems) if problems else "clean"
+            print(f"{kind:28} {name:40} {status:40} {first[:150]}", flush=True)
+        shutil.rmtree(work)
+        work.mkdir()
+
+    def probe_config_files(kind: str, cases: dict[str, tuple[str, str]]) -> None:
+        for name, (suffix, text) in cases.items():
+            path = work / f"config{suffix}"
+            path.write_text(text + "\n")
+            argv = [*RUN, "--out", str(work / "out"), "--config", str(path)]
+            if "rounds" in text:
+                argv = [a for i, a in enumerate(argv) if a != "--rounds" and argv[i - 1] != "--rounds"]
+            probe(kind, name, argv)
+
+    if args.only in (None, "files"):
+        probe_files(runner, root, probe, work)
+        probe_config_files("config file", CONFIG_CASES)
+    if args.only in (None, "options"):
+        for name, extra in IGNORED_ON_THE_COMMAND_LINE.items():
+            probe("ignored option", name, [*RUN, "--out", str(work / "out"), *extra])
+    if args.only in (None, "new"):
+        for name, extra in NEW_OPTION_CASES.items():
+            probe("new option", name, [*RUN, "--out", str(work / "out"), *extra])
+        probe_config_files("new option (config file)", NEW_CONFIG_CASES)
 
     unclean = [o for o in outcomes if o[2]]
     shutil.rmtree(root)

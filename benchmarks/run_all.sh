@@ -16,6 +16,6 @@ bench headline $py benchmarks/bench_headline.py --threads 1,2
 bench memory   $py benchmarks/bench_memory.py --out "$out/memory"
 if $py -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   bench vmap_gpu $py benchmarks/bench_vmap.py --device cuda --clients 20,100
-  bench headline_gpu $py benchmarks/bench_headline.py --device cuda --threads 1 --samples 20000
+  bench headline_gpu $py benchmarks/bench_headline.py --device cuda --threads 1 --samples 20000 --precision fp32,bf16
 fi
 echo "all benchmark outputs in $out"

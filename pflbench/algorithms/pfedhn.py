@@ -19,10 +19,10 @@ Defaults from the authors' code (``experiments/pfedhn/trainer.py``): embedding s
 e = int(1 + K/4) (``--embed-dim -1``), H = 100 (``--hn-hidden``), 3 hidden layers; server
 optimizer SGD with lr 1e-2 (``--hn-lr``; the embeddings' lr ``--embed-lr``, default the same),
 momentum 0.9, weight decay 1e-3, the hypernetwork's gradient clipped to norm 50. The inner
-(client) optimizer is the run's local optimizer (the authors: SGD lr 5e-3, momentum 0.9, 50 inner
-steps of batch 64, gradient clipped to 50 — use ``--optimizer sgd --lr 0.005 --momentum 0.9
---max-grad-norm 50`` for their client side; this suite trains ``--local-epochs`` epochs like every
-other algorithm).
+(client) optimizer is the run's local optimizer (the authors: SGD lr 5e-3, momentum 0.9, weight
+decay 5e-5, 50 inner steps of batch 64, gradient clipped to 50 — use ``--optimizer sgd --lr 0.005
+--momentum 0.9 --weight-decay 5e-5 --max-grad-norm 50 --batch-size 64 --inner-steps 50`` for their
+client side; by default this suite trains ``--local-epochs`` epochs like every other algorithm).
 
 Choices the paper leaves open, and what the authors' code does:
 - One client per server step in the paper and code (sample i, generate, train, update). Here a
@@ -36,14 +36,15 @@ Choices the paper leaves open, and what the authors' code does:
 
 What travels (bytes): down, the generated model θ_i; up, Δθ_i (the same size). The hypernetwork
 never leaves the server. Its memory: the output heads hold (H + 1)·d numbers for a model of d
-parameters (about 100 models' worth at H = 100), twice with the momentum buffers. Server state — φ, the embeddings and the SGD momentum buffers — is in
-checkpoints (``checkpoint_attributes``), so a resumed run continues bit for bit.
+parameters (about 100 models' worth at H = 100), twice with the momentum buffers. Server state —
+φ, the embeddings and the SGD momentum buffers — is in checkpoints (``checkpoint_attributes``), so
+a resumed run continues bit for bit.
 
 Evaluation: pers_acc uses the generated model h(v_i; φ) as it is (the authors evaluate it without
 local fine-tuning); there is no global model (global_acc null). New clients (``--new-clients``):
-the paper learns a new embedding with φ frozen; here a new client gets the model generated from
-the mean embedding of the clients that have reported, fine-tuned for ``--local-epochs`` epochs on
-its train split (``FineTuneProgram``), then tested.
+as the paper's novel clients, φ is frozen and only the client's embedding is learned — from the
+mean embedding of the clients that have reported, ``--local-epochs`` epochs of the run's optimizer
+on its train split (``PFedHNNewClientProgram``) — and the generated model is tested.
 
 Refused: ``--executor vmap`` (the server update needs each client's upload separately and in full,
 as does ``--dp``) and ``--dp`` (the upload drives a VJP, not an averaged update).
@@ -68,10 +69,12 @@ from pflbench import (
     option,
     register_algorithm,
 )
-from pflbench.engine import FineTuneProgram
+from pflbench.engine import LocalResult, LocalTrainer, mean_terms
 from pflbench.util.seeding import derive_seed
 
 EMBEDDINGS = "embeddings"
+PHI = "pfedhn.phi."  # a new client's job: the hypernetwork's tensors (not model state)
+NEW_EMBEDDING = "pfedhn.embedding"  # a new client's job: its embedding's start
 
 
 def layer_name(index: int, kind: str) -> str:
@@ -169,6 +172,60 @@ class PFedHNProgram(ClientProgram["PFedHNHyperparameters"]):
         return {n: (received[n] - state[n]).detach() for n in self.layout.shared}
 
 
+class PFedHNInnerStepsProgram(PFedHNProgram):
+    """``--inner-steps K``: exactly K minibatch steps of the run's local optimizer (epoch after
+    shuffled epoch), the paper's local schedule, instead of ``--local-epochs`` epochs."""
+
+    def local_update(self, trainer: LocalTrainer) -> LocalResult:
+        spec, steps = self.optimizer(), self.hparams.inner_steps
+        assert steps is not None
+        params = trainer.train_only(frozenset(self.layout.trainable), self.layout.trainable)
+        optimizer = trainer.optimizer(spec, params)
+        total = torch.zeros((), device=trainer.device)
+        trainer.model.train()
+        for _, (inputs, targets) in zip(range(steps), trainer.batches()):
+            loss = F.cross_entropy(trainer.model(inputs), targets)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if spec.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(params.values(), spec.max_grad_norm)
+            optimizer.step()
+            total += loss.detach()
+        result = mean_terms(total, {"task": total}, steps)
+        return LocalResult(result.loss, result.loss_terms, steps=steps)
+
+
+class PFedHNNewClientProgram(PFedHNProgram):
+    """A new client (the paper's novel clients): φ frozen, only its embedding v is learned,
+    ``--local-epochs`` epochs of the run's optimizer on CE(f(x; h(v; φ))), from the mean embedding
+    of the trained clients; the model generated from the final v is uploaded (and tested)."""
+
+    def local_update(self, trainer: LocalTrainer) -> LocalResult:
+        received, spec = trainer.job.received, self.optimizer()
+        phi = {n[len(PHI) :]: t for n, t in received.items() if n.startswith(PHI)}
+        targets = {n: received[n].shape for n in self.layout.shared}
+        embedding = received[NEW_EMBEDDING].detach().clone().requires_grad_(True)
+        optimizer = trainer.optimizer(spec, {NEW_EMBEDDING: embedding})  # type: ignore[dict-item]
+        hidden_layers = self.hparams.hn_hidden_layers
+        total, steps = torch.zeros((), device=trainer.device), 0
+        trainer.model.train()
+        for _ in range(self.local.epochs):
+            for inputs, targets_batch in trainer.epoch():
+                theta = generate_weights(phi, embedding, targets, hidden_layers)
+                loss = F.cross_entropy(trainer.forward(theta, inputs), targets_batch)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                total += loss.detach()
+                steps += 1
+        with torch.no_grad():
+            theta = generate_weights(phi, embedding, targets, hidden_layers)
+        model = {n: t for n, t in received.items() if not n.startswith("pfedhn.")}
+        upload = {**{n: t.detach().clone() for n, t in model.items()}, **theta}
+        result = mean_terms(total, {"task": total}, steps)
+        return LocalResult(result.loss, result.loss_terms, upload=upload, private={}, steps=steps)
+
+
 @dataclass(frozen=True)
 class PFedHNHyperparameters:
     embed_dim: int = option(-1, "Client embedding size; -1: int(1 + K/4), the authors' rule.")
@@ -179,8 +236,13 @@ class PFedHNHyperparameters:
     hn_momentum: float = option(0.9, "Server SGD momentum (the authors' 0.9).")
     hn_weight_decay: float = option(1e-3, "Server SGD weight decay (the authors' 1e-3).")
     hn_max_grad_norm: float = option(50.0, "Clip the hypernetwork's gradient to this norm (the authors' 50).")
+    inner_steps: int | None = option(
+        None, "Local minibatch steps per round instead of --local-epochs epochs (the authors: 50) [default: epochs]."
+    )
 
     def validate(self) -> None:
+        if self.inner_steps is not None and self.inner_steps < 1:
+            raise ConfigError(f"--inner-steps must be ≥ 1, got {self.inner_steps}")
         if self.embed_dim != -1 and self.embed_dim < 1:
             raise ConfigError(f"--embed-dim must be ≥ 1 or -1 (automatic), got {self.embed_dim}")
         if self.hn_hidden < 1 or self.hn_hidden_layers < 0:
@@ -234,6 +296,11 @@ class PFedHN(Algorithm[PFedHNHyperparameters]):
         self.learning_rates = {n: embed_lr if n == EMBEDDINGS else hparams.hn_lr for n in self.hypernetwork}
         self.reported: list[int] = []  # clients whose embedding has been trained (new clients: their mean)
 
+    def make_program(self) -> ClientProgram:
+        if self.hparams.inner_steps is None:
+            return super().make_program()
+        return PFedHNInnerStepsProgram(self.layout, self.hparams, self.config.local_spec)
+
     def select_shared(self, names: list[str]) -> list[str]:
         trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
         return [n for n in names if n in trainable]  # generated; float buffers stay with each client
@@ -272,12 +339,16 @@ class PFedHN(Algorithm[PFedHNHyperparameters]):
         return self.model_state({**self.broadcast(client_id), **self.store.get(client_id)})
 
     def new_client_model(self, client_id: int) -> Tensors:
+        """The model generated from the mean embedding of the reported clients (the start of the
+        new client's embedding), with what its adaptation needs: φ and that embedding."""
         embeddings = self.hypernetwork[EMBEDDINGS]
         embedding = embeddings[self.reported].mean(0) if self.reported else embeddings[client_id]
-        return self.model_state({**self.generate(embedding), **self.store.initial})
+        model = self.model_state({**self.generate(embedding), **self.store.initial})
+        phi = {PHI + n: t for n, t in self.hypernetwork.items() if n != EMBEDDINGS}
+        return {**model, **phi, NEW_EMBEDDING: embedding}
 
     def new_client_program(self) -> ClientProgram:
-        return FineTuneProgram(self.layout.trainable, self.config.local_spec, self.config.local_epochs)
+        return PFedHNNewClientProgram(self.layout, self.hparams, self.config.local_spec)
 
     def round_diagnostics(self, updates: list[ClientUpdate]) -> dict[str, Any]:
         """The mean norm of the uploads Δθ_i (how far local training moved the generated models)."""

@@ -137,7 +137,8 @@ def run_identity(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dic
         identity["finetune_epochs"] = config.finetune_epochs
     if config.new_clients != OMITTED_AT_DEFAULT["new_clients"]:
         identity["new_clients"] = config.new_clients
-    if config.precision != OMITTED_AT_DEFAULT["precision"]:  # bf16 changes the numbers; fp32: older runs keep their folders
+    # --precision bf16 changes the numbers; fp32 is left out, so older runs keep their folders
+    if config.precision != OMITTED_AT_DEFAULT["precision"]:
         identity["precision"] = config.precision
     identity.update(availability_settings(config))  # none while it is off: older runs keep their folders
     identity.update(privacy_settings(config))  # none without --dp: older runs keep their folders

@@ -171,7 +171,8 @@ class Algorithm(Generic[H]):
     # Whether the upload is a model update averaged by the FedAvg rule, so that --dp client
     # (clip each update, noise the mean: ``engine.privacy``) keeps the algorithm's meaning and its
     # ε is true. None: read from the hooks (``engine.privacy.client_level_refusal``: default
-    # broadcast, aggregate, upload and batch loop); False refuses --dp, True vouches for it.
+    # broadcast, aggregate, upload and batch loop); False refuses --dp, True vouches for it. The
+    # same predicate admits model poisoning (--attack) and robust rules (--robust-agg, engine.robust).
     upload_is_averaged_update: ClassVar[bool | None] = None
     # The partition's true group of each client (partition.json ``client_domains``: feature-shift or
     # multi-domain scenarios), set by the run's preparation before the first round; None without

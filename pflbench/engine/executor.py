@@ -102,7 +102,13 @@ class SequentialExecutor:
             return None
         clients = range(self.data.num_clients) if clients is None else clients
         return evaluate_heads(
-            self.model, self.tensors, self.data, heads, clients=list(clients), on=split, precision=program.local.precision
+            self.model,
+            self.tensors,
+            self.data,
+            heads,
+            clients=list(clients),
+            on=split,
+            precision=program.local.precision,
         )
 
     def _owned_indices(self, client_ids: Sequence[int], split: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,10 +17,10 @@ others are refused at start.
   Adversaries: Byzantine Tolerant Gradient Descent", NeurIPS 2017): each update's score is the
   sum of its squared distances to its m − f − 2 closest other updates (f = ``--krum-f``
   Byzantine clients assumed); Krum takes the update with the lowest score, Multi-Krum the
-  uniform mean of the ``--krum-select`` lowest-scoring ones (default m − f, the paper's example). The paper needs m > 2f + 2; the run is
-  refused when the sampled clients per round are fewer. When fewer report (dropout), the
-  neighbour count m − f − 2 is floored at 1 (one report: it is taken). Ties go to the lower
-  position in the round's (job) order.
+  uniform mean of the ``--krum-select`` lowest-scoring ones (0, the default: m − f of them).
+  The paper needs m > 2f + 2: a run whose M (clients sampled per round) is not is refused.
+  When fewer report (dropout), the neighbour count m − f − 2 is floored at 1 (one report: it
+  is taken). Ties go to the lower position in the round's (job) order.
 - ``norm-bound`` (Sun, Kairouz, Suresh, McMahan, "Can You Really Backdoor Federated
   Learning?", 2019): each update is scaled into the ball of radius M (``--norm-bound``),
   Δ·min(1, M/‖Δ‖₂) (the norm over every uploaded tensor as one vector), then averaged with

@@ -51,11 +51,9 @@ def bf16_unsupported_reason(device: torch.device) -> str | None:
     """Why ``device`` cannot run bf16 autocast (None: it can). CUDA needs native bf16 units
     (Ampere or newer; older GPUs would only emulate it, slower than fp32); any device must run
     a small product under bf16 autocast."""
-    if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        if not torch.cuda.is_bf16_supported(including_emulation=False):
-            name = torch.cuda.get_device_name(index)
-            return f"{name} has no native bfloat16 support (needs compute capability ≥ 8.0)"
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        name = torch.cuda.get_device_name(device)
+        return f"{name} has no native bfloat16 support (needs compute capability ≥ 8.0)"
     try:
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
             probe = torch.ones(2, 2, device=device) @ torch.ones(2, 2, device=device)
@@ -74,4 +72,6 @@ def check_precision(precision: str, device: torch.device) -> None:
         return
     reason = bf16_unsupported_reason(device)
     if reason is not None:
-        raise ConfigError(f"--precision {precision} is not supported on --device {device}: {reason}; use --precision fp32")
+        raise ConfigError(
+            f"--precision {precision} is not supported on --device {device}: {reason}; use --precision fp32"
+        )

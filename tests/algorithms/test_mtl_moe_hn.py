@@ -4,6 +4,7 @@ the defining formulas with hand-computed values, and what each algorithm sends, 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from pflbench.algorithms.pfedhn import (
 )
 from pflbench.algorithms.pflmoe import GATE, GLOBAL, STARTED, mixture_of_experts
 from pflbench.config.run_config import RunConfig
+from pflbench.engine import ClientProgram
 from pflbench.errors import ConfigError
 from pflbench.runs.api import run_experiment
 from pflbench.runs.prepare import prepare
@@ -148,17 +150,13 @@ def test_hypernetwork_update_is_the_vjp_with_the_upload() -> None:
 
 
 def test_server_sgd_step_and_clipping_by_hand() -> None:
-    """p = 1, g = 0.5, wd 0.1, μ 0.9, lr 0.1: d = 0.6, b = 0.6, p = 0.94; again: d = 0.5 + 0.094,
-    b = 0.54 + 0.594 = 1.134, p = 0.94 − 0.1134 = 0.8266 (torch.optim.SGD gives the same)."""
+    """torch.optim.SGD's rule by hand. p = 1, g = 0.5, wd 0.1, μ 0.9, lr 0.1: d = 0.6, b = 0.6,
+    p = 0.94; again: d = 0.5 + 0.094, b = 0.54 + 0.594 = 1.134, p = 0.94 − 0.1134 = 0.8266."""
     params, buffers = {"p": torch.tensor([1.0])}, {"p": torch.zeros(1)}
-    reference = torch.nn.Parameter(torch.tensor([1.0]))
-    optimizer = torch.optim.SGD([reference], lr=0.1, momentum=0.9, weight_decay=0.1)
-    for expected in (0.94, 0.8266):
+    for expected_param, expected_buffer in ((0.94, 0.6), (0.8266, 1.134)):
         sgd_step(params, {"p": torch.tensor([0.5])}, buffers, {"p": 0.1}, momentum=0.9, weight_decay=0.1)
-        reference.grad = torch.tensor([0.5])
-        optimizer.step()
-        assert params["p"].item() == pytest.approx(expected)
-        assert params["p"].item() == pytest.approx(reference.item(), abs=1e-7)
+        assert params["p"].item() == pytest.approx(expected_param)
+        assert buffers["p"].item() == pytest.approx(expected_buffer)
     clipped = clip_total_norm({"a": torch.tensor([3.0]), "b": torch.tensor([4.0])}, 1.0)  # ‖g‖ = 5
     assert [clipped["a"].item(), clipped["b"].item()] == pytest.approx([0.6, 0.8], abs=1e-6)
     kept = clip_total_norm({"a": torch.tensor([0.3])}, 1.0)
@@ -208,6 +206,47 @@ def test_pfedhn_server_steps_once_per_client_with_gradients_at_the_generating_ph
     assert all(torch.allclose(algorithm.hypernetwork[n], expected[n], atol=1e-7) for n in phi)
     assert all(torch.equal(algorithm.momentum_buffers[n], buffers[n]) for n in phi)
     assert algorithm.learning_rates[EMBEDDINGS] == hparams.hn_lr == 0.01
+
+
+def test_pfedhn_inner_steps_take_exactly_k_minibatch_steps(tmp_path: Path) -> None:
+    """--inner-steps 7 (the paper's schedule): 7 optimizer steps whatever the client's size; the
+    default keeps the engine's --local-epochs batch loop."""
+    run = prepare(tiny("pfedhn", tmp_path / "steps"), {"inner_steps": 7})
+    harness = Harness(run)
+    update = harness.train_client(1, run.algorithm.broadcast(1))
+    assert update.local_steps == 7 and math.isfinite(update.loss)
+    assert any(float(t.abs().sum()) > 0 for t in update.params.values())
+    default = prepare(tiny("pfedhn", tmp_path / "epochs"))
+    assert type(default.algorithm.program).local_update is ClientProgram.local_update
+
+
+def test_pfedhn_new_client_learns_only_its_embedding(tmp_path: Path) -> None:
+    """A new client starts from the mean embedding's model; learning its embedding (φ frozen) lowers
+    its train loss, and the server's hypernetwork is left as it was."""
+    from torch.func import functional_call
+
+    from pflbench.engine import personalize
+    from pflbench.runs.execute import execute
+
+    run = prepare(tiny("pfedhn", tmp_path, num_clients=4, new_clients=0.25, rounds=1))
+    execute(run)
+    algorithm, executor = run.algorithm, run.executor
+    (new,) = [k for k in range(4) if k not in algorithm.reported]
+    phi = {n: t.clone() for n, t in algorithm.hypernetwork.items()}
+    start = algorithm.new_client_model(new)
+    (served,) = personalize(executor, algorithm.new_client_program(), [start], [new], [7], 1)
+    assert set(served) == set(algorithm.initial_state)  # a model state, nothing of the hypernetwork
+    assert all(torch.equal(phi[n], algorithm.hypernetwork[n]) for n in phi)
+    data = executor.data
+    inputs, labels = data.gather(data.train_indices[new])
+
+    def train_loss(state) -> float:
+        model_state = {n: state[n] for n in algorithm.initial_state}
+        return float(
+            torch.nn.functional.cross_entropy(functional_call(algorithm.model, model_state, (inputs,)), labels)
+        )
+
+    assert train_loss(served) < train_loss(start)
 
 
 @pytest.mark.parametrize("algo", ["fedmtl", "pfedhn"])

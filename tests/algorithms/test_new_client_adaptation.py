@@ -39,7 +39,7 @@ OWN_PROGRAM = {
     "fedamp": "FedAMPNewClientProgram",  # FedAMP's objective towards the clients' mean
     "gpfl": "GPFLNewClientProgram",  # its conditional inputs, then a fresh head
     "fedmtl": "FedMTLNewClientProgram",  # a new task trained against the reported models
-    "pfedhn": "FineTuneProgram",  # the mean embedding's generated model, fine-tuned
+    "pfedhn": "PFedHNNewClientProgram",  # its embedding learned with the hypernetwork frozen
     "pflmoe": "PFLMoENewClientProgram",  # v fine-tuned from the global model, then the gate
 }
 

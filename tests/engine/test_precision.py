@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from torch import nn
 
 from pflbench.cli import cli
+from pflbench.config import run_config
 from pflbench.config.identity import run_identity
 from pflbench.config.run_config import RunConfig
 from pflbench.data.dataset import FederatedData, TensorDataset
@@ -59,6 +60,12 @@ def test_autocast_is_nothing_for_fp32_and_bf16_autocast_otherwise() -> None:
         assert torch.get_autocast_dtype("cpu") == torch.bfloat16
     with pytest.raises(ValueError, match="fp16"):
         autocast("cpu", "fp16")
+
+
+def test_the_config_and_the_helper_offer_the_same_precisions() -> None:
+    assert run_config.PRECISIONS == precision_module.PRECISIONS == ("fp32", "bf16")
+    with pytest.raises(ConfigError, match=r"--precision 'fp16' is not one of: fp32, bf16"):
+        check_precision("fp16", torch.device("cpu"))
 
 
 def test_the_evaluation_batch_is_large_on_an_accelerator_only() -> None:
@@ -237,7 +244,9 @@ def test_the_batch_loop_reads_nothing_back_per_batch(
     of values back to the host: none per batch (FedAvg, and FedSDG's LoRA, gates and penalties)."""
     reads = []
     for epochs in (1, 4):
-        config = dataclasses.replace(BASE, out=str(tmp_path / str(epochs)), local_epochs=epochs, batch_size=8, **settings)
+        config = dataclasses.replace(
+            BASE, out=str(tmp_path / str(epochs)), local_epochs=epochs, batch_size=8, **settings
+        )
         harness = Harness(prepare(config))
         received = harness.broadcast(0)
         with monkeypatch.context() as patch:

@@ -145,6 +145,21 @@ def test_label_flipping_flips_exactly_the_attackers_train_labels() -> None:
     assert flip_labels(torch.tensor([0, 1, 2]), np.array([2]), 3).tolist() == [0, 1, 0]
 
 
+def test_a_label_flipping_run_trains_on_exactly_the_attackers_flipped_labels() -> None:
+    """The wiring (runs.prepare): the run's data differs from the clean data exactly at the
+    attackers' train samples, which hold C − 1 − y; the attackers are the Federation's."""
+    clean = harness(rounds=1).prepared.data
+    prepared = harness(rounds=1, attack="label-flip", attackers=0.5, new_clients=0.25)
+    data, attackers = prepared.prepared.data, prepared.federation.attackers
+    assert len(attackers) == 2 and not set(attackers) & set(prepared.prepared.partition.new_clients)
+    assert prepared.prepared.resolved["attackers"] == attackers
+    changed = set((data.labels != clean.labels).nonzero().flatten().tolist())
+    poisoned = {int(i) for k in attackers for i in data.train_indices[k]}
+    flippable = {i for i in poisoned if clean.labels[i] != 9 - clean.labels[i]}  # C = 10: no fixed point
+    assert changed == flippable == poisoned
+    assert all(int(data.labels[i]) == 9 - int(clean.labels[i]) for i in poisoned)
+
+
 def test_backdoor_stamps_the_trigger_and_the_target_and_copies_the_test_samples() -> None:
     dataset, train, test = small_images()
     spec = AttackSpec("backdoor", 0.3, backdoor_target=1, backdoor_frac=0.5)
@@ -298,7 +313,9 @@ def test_killed_run_resumes_with_the_same_attack(tmp_path: Path) -> None:
 
 
 def test_vmap_executor_serves_the_backdoor_and_a_robust_rule() -> None:
-    server = harness(attack="backdoor", attackers=0.25, robust_agg="norm-bound", norm_bound=0.5, executor="vmap")
+    server = harness(
+        attack="backdoor", attackers=0.25, robust_agg="norm-bound", norm_bound=0.5, executor="vmap", rounds=1
+    )
     records: list[dict] = []
     server.run(records.append)
     assert 0 <= records[-1]["asr"] <= 1 and "robust_clipped_frac" in records[-1]
