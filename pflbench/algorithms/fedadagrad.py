@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 from pflbench import ConfigError, option, register_algorithm
 from pflbench.algorithms.fedadam import (
-    WEIGHTINGS,
     AdaptiveServerOptimizer,
     adagrad_second_moment,
     check_server_settings,
@@ -36,7 +35,7 @@ class FedAdagradHyperparameters:
     server_weighting: str = option(
         "samples",
         "Weights of the pseudo-gradient Δ = Σ p_k (w_k − w): samples (p_k ∝ n_k) or uniform (1/|S|).",
-        choices=WEIGHTINGS,
+        choices=("samples", "uniform"),  # WEIGHTINGS, as a literal: `--help` reads it without torch
     )
 
     def validate(self) -> None:

@@ -52,6 +52,7 @@ New clients (``--new-clients``): served by the global model as it is (with
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -130,8 +131,8 @@ class AverageThenStep(StreamingWeightedAverage):
 
 def check_server_settings(lr: float, weighting: str, **betas: float) -> None:
     """ConfigError (one line) for a server lr ≤ 0, a β outside [0, 1) or an unknown weighting."""
-    if not lr > 0:
-        raise ConfigError(f"--server-lr must be > 0, got {lr}")
+    if not (math.isfinite(lr) and lr > 0):  # inf: the first server step makes every weight inf
+        raise ConfigError(f"--server-lr must be a finite number > 0, got {lr}")
     for name, beta in betas.items():
         if not 0 <= beta < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1), got {beta}")
@@ -222,7 +223,7 @@ class FedAdamHyperparameters:
     server_weighting: str = option(
         "samples",
         "Weights of the pseudo-gradient Δ = Σ p_k (w_k − w): samples (p_k ∝ n_k) or uniform (1/|S|).",
-        choices=WEIGHTINGS,
+        choices=("samples", "uniform"),  # WEIGHTINGS, as a literal: `--help` reads it without torch
     )
 
     def validate(self) -> None:

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from pflbench import RunConfig, Tensors, option, register_algorithm
-from pflbench.algorithms.fedadam import WEIGHTINGS, ServerOptimizerAlgorithm, check_server_settings
+from pflbench.algorithms.fedadam import ServerOptimizerAlgorithm, check_server_settings
 
 
 def momentum_step(
@@ -62,7 +62,7 @@ class FedAvgMHyperparameters:
     server_weighting: str = option(
         "samples",
         "Weights of the pseudo-gradient Δ = Σ p_k (w_k − w): samples (p_k ∝ n_k) or uniform (1/|S|).",
-        choices=WEIGHTINGS,
+        choices=("samples", "uniform"),  # WEIGHTINGS, as a literal: `--help` reads it without torch
     )
 
     def validate(self) -> None:

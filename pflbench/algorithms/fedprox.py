@@ -9,6 +9,7 @@ New clients (``--new-clients``): served by the global model as it is (with
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -28,8 +29,8 @@ class FedProxHyperparameters:
     mu: float = option(0.01, "Proximal coefficient μ (the paper tunes 0.001, 0.01, 0.1, 1).")
 
     def validate(self) -> None:
-        if not self.mu >= 0:
-            raise ConfigError(f"--mu must be ≥ 0, got {self.mu}")
+        if not (math.isfinite(self.mu) and self.mu >= 0):  # inf: the first local loss is inf
+            raise ConfigError(f"--mu must be ≥ 0 (a finite number), got {self.mu}")
 
 
 class FedProxProgram(ClientProgram[FedProxHyperparameters]):

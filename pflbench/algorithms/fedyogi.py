@@ -19,13 +19,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pflbench import register_algorithm
+from pflbench import option, register_algorithm
 from pflbench.algorithms.fedadam import AdaptiveServerOptimizer, FedAdamHyperparameters, yogi_second_moment
 
 
 @dataclass(frozen=True)
-class FedYogiHyperparameters(FedAdamHyperparameters):
-    """FedAdam's options and defaults (η = 10^-2, β₁ = 0.9, β₂ = 0.99, τ = 10^-3)."""
+class FedYogiHyperparameters:
+    """FedAdam's options and defaults (η = 10^-2, β₁ = 0.9, β₂ = 0.99, τ = 10^-3), written out
+    (not subclassed) so that `pflbench run --help` reads them from this file without torch."""
+
+    server_lr: float = option(1e-2, "η of the server step w ← w + η·m/(√v + τ).")
+    server_beta1: float = option(0.9, "β₁ of the server's first moment m ← β₁·m + (1 − β₁)·Δ.")
+    server_beta2: float = option(0.99, "β₂ of the server's second moment v (FedAdam, FedYogi).")
+    server_tau: float = option(1e-3, "τ, the adaptivity: w ← w + η·m/(√v + τ); v starts at τ².")
+    server_weighting: str = option(
+        "samples",
+        "Weights of the pseudo-gradient Δ = Σ p_k (w_k − w): samples (p_k ∝ n_k) or uniform (1/|S|).",
+        choices=("samples", "uniform"),
+    )
+
+    def validate(self) -> None:
+        FedAdamHyperparameters.validate(self)  # type: ignore[arg-type]  # the same fields
 
 
 @register_algorithm("fedyogi")

@@ -161,8 +161,10 @@ def test_bf16_under_the_vmap_executor_is_close_to_sequential(tmp_path: Path) -> 
     config = dataclasses.replace(BASE, out=str(tmp_path), rounds=1, batch_size=16, precision="bf16")
     sequential, _ = last_round(config)
     vectorized, _ = last_round(dataclasses.replace(config, executor="vmap"))
-    fp32_vectorized, _ = last_round(dataclasses.replace(config, executor="vmap", precision="fp32"))
-    assert vectorized["train_loss"] != fp32_vectorized["train_loss"]  # the vmap loss ran under autocast
+    fp32, _ = last_round(dataclasses.replace(config, precision="fp32"))
+    # vmap in fp32 matches sequential fp32 to ~1e-7 (relative; test_vmap_executor): a larger gap
+    # shows that the vmap loss ran under autocast (measured: ~1e-4)
+    assert abs(vectorized["train_loss"] - fp32["train_loss"]) > 1e-5 * fp32["train_loss"]
     assert abs(vectorized["train_loss"] - sequential["train_loss"]) < 1e-2 * sequential["train_loss"]
     assert abs(vectorized["pers_acc"] - sequential["pers_acc"]) < 0.05
 
