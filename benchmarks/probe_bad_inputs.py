@@ -3,9 +3,12 @@
 Clean = exit code 2, exactly one ``Error:`` line on stderr, no traceback, nothing written or
 changed in the working folder. Files probed: ``--partition-file`` (``run`` and ``partition``),
 a run folder's ``config.json`` (``rerun``), ``summary.json`` (``gates``) and ``--config``
-files (``run``; wrong types and options the run would ignore).
+files (``run``; wrong types and options the run would ignore), and the options and algorithms
+added later (``NEW_OPTION_CASES``, ``NEW_CONFIG_CASES``: quantity skew, feature shift, domains,
+availability, stragglers, DP, attacks, robust aggregation, the new algorithms' hyperparameters:
+out of range, NaN/inf/huge, wrong types, unknown names, ignored, invalid combinations).
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/probe_bad_inputs.py [--verbose]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/probe_bad_inputs.py [--verbose] [--only files|options|new]
 
 Prints one line per unclean case and a final JSON line ``{"cases": N, "unclean": M, ...}``.
 Not a timed benchmark; the cases themselves are the tests' (tests/cli/test_bad_file_inputs.py)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pflbench import Algorithm, ClientProgram, ConfigError, Tensors, option, register_algorithm
+from pflbench import Algorithm, ClientProgram, ConfigError, RunConfig, Tensors, option, register_algorithm
 from pflbench.engine import FineTuneProgram, LocalResult, LocalTrainer, apply_gradients
 
 LOCAL = "apfl.v."
@@ -119,6 +119,13 @@ class APFL(Algorithm[APFLHyperparameters]):
     method_family = "model_combination"
     hyperparameters = APFLHyperparameters
     program_class = APFLProgram
+
+    @classmethod
+    def inert_hyperparameters(cls, config: RunConfig, hparams: APFLHyperparameters) -> dict[str, str]:
+        """α's step size is read only while α is learned."""
+        if hparams.adaptive_alpha:
+            return {}
+        return {"alpha_lr": "--no-adaptive-alpha keeps α at --alpha-init (--adaptive-alpha learns it)"}
 
     def extra_private_state(self) -> Tensors:
         names = [n for n in self.layout.trainable if n in set(self.layout.shared)]

@@ -278,6 +278,14 @@ class FedKD(Algorithm[FedKDHyperparameters]):
                 "would be ignored (leave it at 1)"
             )
 
+    @classmethod
+    def inert_hyperparameters(cls, config: RunConfig, hparams: FedKDHyperparameters) -> dict[str, str]:
+        """The energy schedule only sets the SVD's rank."""
+        if hparams.compression == "none":
+            why = "--compression none uploads the mentee as it is, with no SVD (--compression svd reads it)"
+            return {"energy_start": why, "energy_end": why}
+        return {}
+
     def __init__(
         self, config: RunConfig, hparams: FedKDHyperparameters, model: nn.Module, num_train: list[int]
     ) -> None:

@@ -60,7 +60,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pflbench import Algorithm, ClientProgram, ClientUpdate, ConfigError, Tensors, option, register_algorithm
+from pflbench import (
+    Algorithm,
+    ClientProgram,
+    ClientUpdate,
+    ConfigError,
+    RunConfig,
+    Tensors,
+    option,
+    register_algorithm,
+)
 from pflbench.engine import LocalResult, LocalTrainer, standard_local_update, weighted_average
 from pflbench.util.seeding import derive_seed
 
@@ -195,6 +204,15 @@ class IFCA(Algorithm[IFCAHyperparameters]):
     hyperparameters = IFCAHyperparameters
     program_class = IFCAProgram
     checkpoint_attributes = ("assignment",)
+
+    @classmethod
+    def check_config(cls, config: RunConfig, hparams: IFCAHyperparameters) -> None:
+        """More cluster models than clients can never all be chosen (and 10**20 of them exhaust memory)."""
+        if config.num_clients is not None and hparams.clusters > config.num_clients:
+            raise ConfigError(
+                f"--clusters {hparams.clusters} is more than the {config.num_clients} clients (each picks one "
+                f"cluster); give --clusters in [1, {config.num_clients}]"
+            )
 
     def __init__(self, config, hparams: IFCAHyperparameters, model, num_train) -> None:
         super().__init__(config, hparams, model, num_train)

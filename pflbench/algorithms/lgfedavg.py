@@ -131,6 +131,11 @@ class LGFedAvg(Algorithm[LGFedAvgHyperparameters]):
     @classmethod
     def check_config(cls, config: RunConfig, hparams: LGFedAvgHyperparameters) -> None:
         global_layer_count(hparams.global_layers, config.model, config.head_layers)
+        if hparams.warmup_rounds and hparams.warmup_rounds >= config.rounds:  # a FedAvg run under LG-FedAvg's name
+            raise ConfigError(
+                f"--warmup-rounds {hparams.warmup_rounds} leaves no LG-FedAvg round of --rounds {config.rounds}: "
+                f"every round would be FedAvg's warm start; give --warmup-rounds < --rounds"
+            )
 
     def __init__(
         self, config: RunConfig, hparams: LGFedAvgHyperparameters, model: nn.Module, num_train: list[int]

@@ -59,7 +59,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from pflbench import Algorithm, ClientProgram, ConfigError, Tensors, option, register_algorithm
+from pflbench import Algorithm, ClientProgram, ConfigError, RunConfig, Tensors, option, register_algorithm
 from pflbench.engine import LocalResult, LocalTrainer, apply_gradients
 
 Gradient = Callable[[Tensors, object], tuple[torch.Tensor, Tensors]]
@@ -224,6 +224,16 @@ class PerFedAvg(Algorithm[PerFedAvgHyperparameters]):
     method_family = "meta_learning"
     hyperparameters = PerFedAvgHyperparameters
     program_class = PerFedAvgProgram
+
+    @classmethod
+    def inert_hyperparameters(cls, config: RunConfig, hparams: PerFedAvgHyperparameters) -> dict[str, str]:
+        """fo has no Hessian-vector product; exact takes no finite-difference step."""
+        if hparams.variant == "fo":
+            why = "--variant fo takes no Hessian-vector product (--variant hf does)"
+            return {"hvp": why, "hvp_delta": why}
+        if hparams.hvp == "exact":
+            return {"hvp_delta": "--hvp exact differentiates twice; only --hvp finite-difference reads it"}
+        return {}
 
     def personalization_program(self) -> ClientProgram:
         return OneStepAdaptation(self.layout, self.hparams, self.config.local_spec)

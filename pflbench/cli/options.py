@@ -11,6 +11,7 @@ import dataclasses
 import sys
 import types
 import typing
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -129,9 +130,9 @@ def unused_services(config: RunConfig, command: str) -> dict[str, str]:
     return unused
 
 
-def refuse_inert_options(configs: list[tuple[RunConfig, Any]]) -> None:
-    """ConfigError for an option given (command line or --config file) that no run of ``configs`` (resolved
-    config, hyperparameters) would read."""
+def refuse_inert_options(configs: list[tuple[RunConfig, Any]], swept: Collection[str] = ()) -> None:
+    """ConfigError for an option given (command line, --config file, or a sweep's ``--set`` axis
+    named in ``swept``) that no run of ``configs`` (resolved config, hyperparameters) would read."""
     from click.core import ParameterSource
 
     inert: dict[str, str] | None = None
@@ -139,10 +140,15 @@ def refuse_inert_options(configs: list[tuple[RunConfig, Any]]) -> None:
     for config, hparams in configs:
         found = {**inert_settings(config, ALGORITHMS.get(config.algo), hparams), **unused_services(config, command)}
         inert = found if inert is None else {k: v for k, v in inert.items() if k in found}
-    for name in sorted(explicit_options(inert or {})):
-        value = getattr(configs[0][0], name)
+    inert = inert or {}
+    for name in sorted(explicit_options(inert) | {n for n in swept if n in inert}):
+        config, hparams = configs[0]
+        # a run setting, else one of the algorithm's hyperparameters (Algorithm.inert_hyperparameters)
+        value = getattr(config, name) if hasattr(config, name) else getattr(hparams, name)
         source = click.get_current_context().get_parameter_source(name)
         where = " of the --config file" if source is ParameterSource.DEFAULT_MAP else ""
+        if name in swept and source not in (ParameterSource.COMMANDLINE, ParameterSource.DEFAULT_MAP):
+            where = " of --set"
         raise ConfigError(f"{_flag(name)} {value} would be ignored: {inert[name]}; leave it out{where}")
 
 

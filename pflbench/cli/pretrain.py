@@ -21,6 +21,7 @@ PRETRAIN_FIELDS = (
     "pretrain_lr",
     "seed",
     "device",
+    "precision",  # a bf16 run looks up a backbone pretrained under bf16 (models.pretrain.backbone_key)
 )
 
 
@@ -36,6 +37,7 @@ def pretrain_command(**values: Any) -> None:
     from pflbench.data.partitioners import public_split
     from pflbench.models.pretrain import pretrain_backbone
     from pflbench.runs.prepare import resolve_device
+    from pflbench.util.precision import check_precision
 
     config = RunConfig(**values)
     config = with_base_defaults(config)
@@ -44,7 +46,9 @@ def pretrain_command(**values: Any) -> None:
         raise ConfigError("--public-frac must be > 0: the backbone is trained on that public fraction")
     dataset = load_dataset(config.dataset, config.dataset_options())
     _, public = public_split(dataset.labels.numpy(), config.public_frac, config.seed)
-    backbone = pretrain_backbone(config, dataset, public, resolve_device(config.device))
+    device = resolve_device(config.device)
+    check_precision(config.precision, device)
+    backbone = pretrain_backbone(config, dataset, public, device)
     click.echo(
         f"{'found cached' if backbone.from_cache else 'pretrained'} {config.model} on "
         f"{len(public)} public samples of {config.dataset} ({backbone.num_train} train / "

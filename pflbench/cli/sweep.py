@@ -114,7 +114,8 @@ def _sweep_callback(
                 ),
             )
             for run in runs
-        ]
+        ],
+        swept=set(grid.axes),
     )
     states = mark_redo(runs, force)  # finished runs: current, stale (code changed) or unrecorded
     if dry_run:

@@ -312,6 +312,9 @@ def inert_settings(config: RunConfig, algorithm: Any, hyperparameters: Any) -> d
     inert.update(availability_inert(config))
     inert.update(privacy_inert(config))
     inert.update(attack_inert(config))
+    inert_hyperparameters = getattr(algorithm, "inert_hyperparameters", None)
+    if inert_hyperparameters is not None and hyperparameters is not None:
+        inert.update(inert_hyperparameters(config, hyperparameters))
     if not config.init_spec.pretrains(uses_lora):
         for name in ("pretrain_epochs", "pretrain_lr"):
             inert[name] = "this run pretrains no backbone (LoRA runs or --backbone public do)"

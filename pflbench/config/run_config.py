@@ -598,6 +598,11 @@ def validate(config: RunConfig) -> None:
         new_client_count(config.num_clients, config.new_clients)
 
 
+# σ = 20 already spreads client speeds over e^(±20·z); σ·z past ~709 overflows the factors
+MAX_STRAGGLER_SIGMA = 20.0
+MAX_OVER_SELECT = 100.0  # sampling 101·M clients: beyond it, every client of any benchmark
+
+
 def check_availability(config: RunConfig) -> None:
     """The availability and straggler settings (engine.availability): one ConfigError line on a bad value."""
 
@@ -623,9 +628,9 @@ def check_availability(config: RunConfig) -> None:
             f"--availability-rate must be in (0, 1], got {config.availability_rate}",
         ),
         (config.availability_period >= 1, f"--availability-period must be ≥ 1 round, got {config.availability_period}"),
-        (
-            finite(config.straggler_sigma) and config.straggler_sigma >= 0,
-            f"--straggler-sigma must be ≥ 0, got {config.straggler_sigma}",
+        (  # above MAX_STRAGGLER_SIGMA the factors e^(σ·z) overflow to inf or underflow to 0
+            finite(config.straggler_sigma) and 0 <= config.straggler_sigma <= MAX_STRAGGLER_SIGMA,
+            f"--straggler-sigma must be in [0, {MAX_STRAGGLER_SIGMA:g}], got {config.straggler_sigma}",
         ),
         (
             finite(config.sample_time) and config.sample_time > 0,
@@ -636,9 +641,9 @@ def check_availability(config: RunConfig) -> None:
             deadline is None or (finite(deadline) and deadline > 0),
             f"--deadline must be > 0 seconds (unset = none), got {deadline}",
         ),
-        (
-            finite(config.over_select) and config.over_select >= 0,
-            f"--over-select must be ≥ 0 (0 = off), got {config.over_select}",
+        (  # ceil(M·(1 + f)) must stay a finite count; past MAX_OVER_SELECT every client is sampled anyway
+            finite(config.over_select) and 0 <= config.over_select <= MAX_OVER_SELECT,
+            f"--over-select must be ≥ 0 (0 = off) and ≤ {MAX_OVER_SELECT:g}, got {config.over_select}",
         ),
     ]
     for ok, message in checks:
@@ -735,6 +740,8 @@ def check_attack_settings(config: RunConfig) -> None:
 def feature_shift_names(text: str) -> tuple[str, ...]:
     """The transforms of ``--feature-shift`` (comma-separated), checked: ConfigError on an unknown one."""
     names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if text.strip() and not names:  # ",," is not the off value "": refuse it rather than run unshifted
+        raise ConfigError(f"--feature-shift {text!r} names no transform; valid: {', '.join(FEATURE_SHIFTS)}")
     for name in names:
         if name not in FEATURE_SHIFTS:
             raise ConfigError(f"--feature-shift {name!r} is not a transform; valid: {', '.join(FEATURE_SHIFTS)}")

@@ -196,6 +196,13 @@ class Algorithm(Generic[H]):
         """Refuse settings this algorithm would ignore or cannot honour (raise ConfigError)."""
 
     @classmethod
+    def inert_hyperparameters(cls, config: RunConfig, hparams: H) -> dict[str, str]:
+        """The hyperparameters these settings do not read (name → why), e.g. an option of a variant
+        not chosen. Given explicitly (command line or --config) they are refused; a sweep refuses
+        them only when no run of its grid reads them (``cli.options.refuse_inert_options``)."""
+        return {}
+
+    @classmethod
     def search_space(cls, config: RunConfig, hparams: H) -> dict[str, Dimension]:
         """The default space of ``pflbench tune`` (``config`` resolved): the local learning rate,
         log-uniform from a tenth to ten times its resolved default. An algorithm adds the

@@ -87,12 +87,14 @@ class LocalTrainer:
     def forward(self, params: Tensors, inputs: torch.Tensor) -> torch.Tensor:
         """The model's output with ``params``: the live parameters, or any other tensors of the
         same names (e.g. a second model, a mixture) through ``torch.func.functional_call``.
-        Under ``--precision bf16`` it runs autocast and returns float32 logits, so that a loss
-        computed on them outside autocast (a custom ``local_update``) is a float32 loss."""
-        if self.precision != "fp32":
-            with self.autocast():
-                return self._forward(params, inputs).float()
-        return self._forward(params, inputs)
+        Under ``--precision bf16``: called inside ``autocast()`` (the batch loop, whose loss is
+        autocast too) it returns the output as autocast makes it (the tensor the model returns:
+        attributes and identity kept); called outside (a custom ``local_update``) it runs
+        autocast itself and returns float32 logits, so that a loss computed on them is float32."""
+        if self.precision == "fp32" or torch.is_autocast_enabled(self.device.type):
+            return self._forward(params, inputs)
+        with self.autocast():
+            return self._forward(params, inputs).float()
 
     def _forward(self, params: Tensors, inputs: torch.Tensor) -> torch.Tensor:
         if params is self.params:

@@ -263,8 +263,7 @@ class VmapExecutor(SequentialExecutor):
             params = {n: t for n, t in state.items() if n not in buffers}
 
             def forward(p: Tensors, x: torch.Tensor) -> torch.Tensor:
-                output = functional_call(model, {**own_buffers, **p}, (x,), strict=False)
-                return output if precision == "fp32" else output.float()  # as LocalTrainer.forward
+                return functional_call(model, {**own_buffers, **p}, (x,), strict=False)
 
             with autocast(device, precision):  # --precision bf16: the forward and the loss, as the batch loop
                 terms = program.loss_terms(forward, params, inputs, targets, received)

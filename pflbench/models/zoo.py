@@ -189,6 +189,20 @@ def vit_patch_size(height: int, width: int) -> int:
     return next(p for p in range(1, side + 1) if height % p == 0 and width % p == 0 and side // p <= limit)
 
 
+def check_model_name(name: str) -> None:
+    """ConfigError for a name that is neither a zoo model nor a timm model: checked before any
+    data is prepared, so an unknown model fails first."""
+    if name in MODELS.items:
+        return
+    import timm
+
+    if not timm.is_model(name):
+        raise ConfigError(
+            f"unknown model {name!r}; valid choices: {', '.join(MODELS.names())} "
+            "or a timm model name (see timm.list_models())"
+        )
+
+
 def build_model(
     name: str, input_shape: tuple[int, ...], num_classes: int, pretrained: bool = False, **options: Any
 ) -> nn.Module:
@@ -213,11 +227,7 @@ def build_model(
             raise _model_option_error(name, options, error) from error
     import timm
 
-    if not timm.is_model(name):
-        raise ConfigError(
-            f"unknown model {name!r}; valid choices: {', '.join(MODELS.names())} "
-            "or a timm model name (see timm.list_models())"
-        )
+    check_model_name(name)
     if len(input_shape) != 3:
         raise ConfigError(f"timm model {name!r} needs image inputs, the data has shape {input_shape}")
     channels, height, width = input_shape

@@ -33,7 +33,7 @@ from pflbench.engine.executor import make_executor
 from pflbench.engine.privacy import check_privacy, check_private_algorithm
 from pflbench.errors import ConfigError
 from pflbench.models.pretrain import initial_weights, load_initial_weights
-from pflbench.models.zoo import build_model
+from pflbench.models.zoo import build_model, check_model_name
 from pflbench.registry import ALGORITHMS
 from pflbench.runs.prepared import PreparedRun
 from pflbench.runs.trackers import check_trackers
@@ -106,6 +106,7 @@ def plan_run(
     # what ``rerun`` uses on another machine (the count is part of the identity on the CPU)
     config = dataclasses.replace(config, threads=resolved_threads(config.threads))
     algorithm_class.check_config(config, hparams)
+    check_model_name(str(config.model))  # before any data is prepared (a typo costs no download)
     sampled = config.sampled_per_round if config.num_clients is not None else None  # else checked once fitted
     check_privacy(config.privacy_spec, algorithm_class, config.algo, config.executor, sampled)  # a true ε or a refusal
     check_partial_work(config, algorithm_class)

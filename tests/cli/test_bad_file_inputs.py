@@ -238,6 +238,14 @@ CONFIG_CASES = [
     ("lora_alpha = 8.0", "--lora-alpha 8.0 would be ignored"),
     ("head_layers = 2", "--head-layers 2 would be ignored"),
     ('partition = "iid"\nalpha = 0.1', "--alpha 0.1 would be ignored"),
+    # an algorithm's hyperparameter its other settings do not read (Algorithm.inert_hyperparameters)
+    ('algo = "perfedavg"\nvariant = "fo"\nhvp = "finite-difference"', "--hvp finite-difference would be ignored"),
+    ('algo = "fedkd"\ncompression = "none"\nenergy_start = 0.9', "--energy-start 0.9 would be ignored"),
+    ('algo = "apfl"\nadaptive_alpha = false\nalpha_lr = 0.1', "--alpha-lr 0.1 would be ignored"),
+    ("straggler_sigma = 2.0", "--straggler-sigma 2.0 would be ignored"),
+    ('straggler_model = "lognormal"\nstraggler_sigma = inf', "--straggler-sigma must be in [0, 20], got inf"),
+    ('feature_shift = ",,"', "--feature-shift ',,' names no transform"),
+    ('algo = "ifca"\nclusters = 100', "--clusters 100 is more than the 3 clients"),
 ]
 
 

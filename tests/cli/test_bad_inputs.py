@@ -46,6 +46,18 @@ CASES = [
     (RUN + ["--algo", "flexlora", "--rank-dist", "1,2,3,4"], "--rank-dist lists 4 ranks for 3 clients"),
     (RUN + ["--algo", "fedsdg", "--momentum", "0.9"], "--momentum"),
     (RUN + ["--algo", "fedavg", "--head-epochs", "2"], "--head-epochs"),
+    # run: the session's new options (benchmarks/probe_bad_inputs.py NEW_OPTION_CASES)
+    (RUN + ["--feature-shift", ",,"], "--feature-shift ',,' names no transform"),
+    (RUN + ["--straggler-model", "lognormal", "--straggler-sigma", "1e308"], "--straggler-sigma must be in [0, 20]"),
+    (RUN + ["--over-select", "1e308"], "--over-select must be ≥ 0 (0 = off) and ≤ 100, got 1e+308"),
+    (RUN + ["--algo", "apfl", "--no-adaptive-alpha", "--alpha-lr", "0.1"], "--alpha-lr 0.1 would be ignored"),
+    (RUN + ["--algo", "fedavgm", "--server-lr", "inf"], "--server-lr must be a finite number > 0, got inf"),
+    (RUN + ["--algo", "fedprox", "--mu", "inf"], "--mu must be ≥ 0 (a finite number), got inf"),
+    (RUN + ["--algo", "ifca", "--clusters", str(10**20)], "is more than the 3 clients"),
+    (RUN + ["--algo", "lgfedavg", "--warmup-rounds", "5"], "--warmup-rounds 5 leaves no LG-FedAvg round"),
+    (RUN + ["--algo", "perfedavg", "--variant", "fo", "--hvp", "finite-difference"], "--hvp finite-difference would"),
+    (RUN + ["--algo", "perfedavg", "--hvp-delta", "0.01"], "--hvp-delta 0.01 would be ignored: --hvp exact"),
+    (RUN + ["--algo", "fedkd", "--compression", "none", "--energy-end", "0.9"], "--energy-end 0.9 would be ignored"),
     # run: dataset and model options
     (RUN + ["--dataset-option", "noequals"], "--dataset-option 'noequals' is not KEY=VALUE"),
     (RUN + ["--dataset-option", "bogus=1"], "has no option 'bogus'"),

@@ -88,6 +88,9 @@ def test_a_bf16_forward_is_the_bf16_product_returned_in_fp32() -> None:
     assert model.weight.dtype == torch.float32  # autocast, not a cast of the model
     functional = trainer.forward({n: p.detach().clone() for n, p in trainer.params.items()}, x)
     assert torch.equal(functional, by_hand)  # the functional_call path too
+    with trainer.autocast():  # inside the batch loop's autocast: the model's own (bf16) output
+        inside = trainer.forward(trainer.params, x)
+    assert inside.dtype == torch.bfloat16 and torch.equal(inside.float(), by_hand)
     fp32 = LocalTrainer(model, data, job, 4).forward(dict(model.named_parameters()), x)
     assert torch.equal(fp32, model(x)) and not torch.equal(fp32, by_hand)
 
@@ -257,3 +260,27 @@ def test_the_batch_loop_reads_nothing_back_per_batch(
         reads.append(len(calls))
     batches = -(-harness.data.num_train[0] // 8)
     assert batches >= 3 and reads[0] == reads[1], reads
+
+
+def test_pretrain_bf16_builds_the_backbone_a_bf16_run_finds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pflbench pretrain --precision bf16`` pretrains under autocast and caches under the bf16
+    key: a bf16 LoRA run reuses it, an fp32 one does not."""
+    monkeypatch.setenv("PFLBENCH_CACHE", str(tmp_path / "cache"))  # an empty backbone cache of its own
+    model = ["--model", "mlp", "--model-option", "hidden=32"]
+    argv = ["pretrain", *model, "--public-frac", "0.2", "--pretrain-epochs", "1", "--precision", "bf16"]
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code == 0 and "pretrained mlp" in result.output, result.output
+    config = dataclasses.replace(
+        BASE,
+        out=str(tmp_path),
+        rounds=1,
+        model_option=("hidden=32",),
+        lora_rank=2,
+        lora_targets="fc1,fc2",
+        public_frac=0.2,
+        pretrain_epochs=1,
+    )
+    bf16 = prepare(dataclasses.replace(config, precision="bf16"))
+    fp32 = prepare(config)
+    assert bf16.resolved["backbone"]["cache"] == "hit"
+    assert fp32.resolved["backbone"]["cache"] == "created"
