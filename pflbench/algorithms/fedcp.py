@@ -75,7 +75,7 @@ from pflbench import (
     register_algorithm,
     standard_local_update,
 )
-from pflbench.models.zoo import head_module_names
+from pflbench.models.zoo import final_linear_layer, head_module_names
 from pflbench.util.seeding import derive_seed
 
 RBF_BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)  # the authors' σ of the MMD's RBF kernels
@@ -244,10 +244,7 @@ class FedCP(Algorithm[FedCPHyperparameters]):
     @classmethod
     def configure_model(cls, model: nn.Module, config: RunConfig, hparams: FedCPHyperparameters) -> dict[str, Any]:
         record = super().configure_model(model, config, hparams)
-        name = head_module_names(model, 1)[0]
-        head = model.get_submodule(name)
-        if type(head) is not nn.Linear:
-            raise ConfigError(f"fedcp needs a linear final layer, {name!r} is a {type(head).__name__}")
+        name, head = final_linear_layer(model, "fedcp")
         heads = ConditionalPolicyHeads(head, derive_seed(config.seed, "fedcp.policy"))
         heads.temperature = hparams.policy_temperature
         heads.train(head.training)

@@ -69,7 +69,7 @@ from pflbench import (
     standard_local_update,
     weighted_average,
 )
-from pflbench.models.zoo import head_module_names
+from pflbench.models.zoo import final_linear_layer, head_module_names
 
 GLOBAL_MEAN = "feddbe.global_mean"  # z̄_g (broadcast once it exists)
 CLIENT_MEAN = "feddbe.client_mean"  # a client's representation mean (upload, round 1 only)
@@ -209,10 +209,7 @@ class FedDBE(Algorithm[FedDBEHyperparameters]):
     @classmethod
     def configure_model(cls, model: nn.Module, config: RunConfig, hparams: FedDBEHyperparameters) -> dict[str, Any]:
         record = super().configure_model(model, config, hparams)
-        name = head_module_names(model, 1)[0]
-        head = model.get_submodule(name)
-        if type(head) is not nn.Linear:
-            raise ConfigError(f"feddbe needs a linear final layer, {name!r} is a {type(head).__name__}")
+        name, head = final_linear_layer(model, "feddbe")
         with torch.random.fork_rng(devices=[head.weight.device] if head.weight.device.type == "cuda" else []):
             biased = BiasedLinear(  # its own initialisation draws from a forked stream: replaced below
                 head.in_features, head.out_features, head.bias is not None, head.weight.device, head.weight.dtype

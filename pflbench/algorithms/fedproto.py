@@ -72,7 +72,7 @@ from pflbench import (
     register_algorithm,
 )
 from pflbench.engine import standard_local_update
-from pflbench.models.zoo import head_module_names
+from pflbench.models.zoo import final_linear_layer, head_module_names
 
 UPLOADED_PROTOTYPES = "fedproto.prototypes"  # C × D: the client's per-class mean representations
 UPLOADED_COUNTS = "fedproto.counts"  # C: its train samples per class (the weights of Eq. 5)
@@ -153,10 +153,7 @@ def rebuilt_linear(cls: type[nn.Linear], head: nn.Linear) -> Any:
 def install_prototype_head(model: nn.Module, algo: str) -> str:
     """Replace the model's final classifier layer (an ``nn.Linear``) by a ``PrototypeLinear``
     with the same weights (the global random stream untouched); returns the layer's name."""
-    name = head_module_names(model, 1)[0]
-    head = model.get_submodule(name)
-    if type(head) is not nn.Linear:
-        raise ConfigError(f"{algo} needs a linear final layer, {name!r} is a {type(head).__name__}")
+    name, head = final_linear_layer(model, algo)
     replacement = rebuilt_linear(PrototypeLinear, head)
     with torch.no_grad():
         replacement.weight.copy_(head.weight)

@@ -74,7 +74,7 @@ from pflbench import (
     register_algorithm,
     standard_local_update,
 )
-from pflbench.models.zoo import head_module_names
+from pflbench.models.zoo import final_linear_layer, head_module_names
 from pflbench.util.seeding import derive_seed
 
 HEAD, EMBEDDING = "head", "embedding"
@@ -245,10 +245,7 @@ class GPFL(Algorithm[GPFLHyperparameters]):
     @classmethod
     def configure_model(cls, model: nn.Module, config: RunConfig, hparams: GPFLHyperparameters) -> dict[str, Any]:
         record = super().configure_model(model, config, hparams)
-        name = head_module_names(model, 1)[0]
-        head = model.get_submodule(name)
-        if type(head) is not nn.Linear:
-            raise ConfigError(f"gpfl needs a linear final layer, {name!r} is a {type(head).__name__}")
+        name, head = final_linear_layer(model, "gpfl")
         valve_head = ConditionalValveHead(head, head.out_features, derive_seed(config.seed, "gpfl.modules"))
         valve_head.train(head.training)
         parent, _, child = name.rpartition(".")

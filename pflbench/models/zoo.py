@@ -362,6 +362,16 @@ def head_module_names(model: nn.Module, head_layers: int = 1) -> list[str]:
     return order[-head_layers:]
 
 
+def final_linear_layer(model: nn.Module, algo: str) -> tuple[str, nn.Linear]:
+    """The model's final layer (its name and module), which ``algo`` needs to be an ``nn.Linear``
+    (it reads or replaces the classifier's input or weights); ConfigError naming both otherwise."""
+    name = head_module_names(model, 1)[0]
+    head = model.get_submodule(name)
+    if type(head) is not nn.Linear:
+        raise ConfigError(f"{algo} needs a linear final layer, {name!r} is a {type(head).__name__}")
+    return name, head
+
+
 def head_parameter_names(model: nn.Module, head_layers: int = 1) -> set[str]:
     """Parameter (and buffer) names under the head modules."""
     prefixes = tuple(f"{name}." for name in head_module_names(model, head_layers))
