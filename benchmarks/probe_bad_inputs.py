@@ -387,7 +387,6 @@ NEW_OPTION_CASES: dict[str, list[str]] = {
     "attackers negative": ["--attack", "sign-flip", "--attackers", "-0.2"],
     "attackers NaN": ["--attack", "sign-flip", "--attackers", "nan"],
     "attackers without attack": ["--attackers", "0.3"],
-    "attackers round to none": ["--attack", "sign-flip", "--attackers", "0.01"],
     "attack-scale 0": ["--attack", "scale", "--attackers", "0.4", "--attack-scale", "0"],
     "attack-scale inf": ["--attack", "gaussian", "--attackers", "0.4", "--attack-scale", "inf"],
     "attack-scale with label-flip": ["--attack", "label-flip", "--attackers", "0.4", "--attack-scale", "3"],
@@ -410,6 +409,7 @@ NEW_OPTION_CASES: dict[str, list[str]] = {
     "robust-agg with dp client": ["--robust-agg", "median", "--dp", "client"],
     "robust-agg with fedproto": ["--robust-agg", "median", *_algo("fedproto")],
     "robust-agg with local": ["--robust-agg", "median", *_algo("local")],
+    "attack sign-flip with local": ["--attack", "sign-flip", "--attackers", "0.4", *_algo("local")],
     "robust-agg with scaffold": ["--robust-agg", "median", *_algo("scaffold")],
     "robust-agg with fedadam": ["--robust-agg", "median", *_algo("fedadam")],
     "robust-agg with pfedhn": ["--robust-agg", "median", *_algo("pfedhn")],
@@ -512,9 +512,51 @@ NEW_OPTION_CASES: dict[str, list[str]] = {
     "pfedhn hn-momentum 1.5": _algo("pfedhn", "--hn-momentum", "1.5"),
     "pfedhn hn-max-grad-norm negative": _algo("pfedhn", "--hn-max-grad-norm", "-1"),
     "fedmtl lam negative": _algo("fedmtl", "--lam", "-1"),
-    "pflmoe gate-fraction 0": _algo("pflmoe", "--gate-fraction", "0"),
     "pflmoe gate-fraction 1": _algo("pflmoe", "--gate-fraction", "1"),
     "pflmoe gate-epochs negative": _algo("pflmoe", "--gate-epochs", "-1"),
+}
+
+PARTITION_NEW = ["partition", "--dataset", "digits", "--num-clients", "3"]
+SWEEP_NEW = ["sweep", "--datasets", "digits", "--model", "mlp", "--num-clients", "3", "--rounds", "1", "--quiet"]
+# the same options through ``partition`` and ``sweep`` (sweep: --out is added)
+NEW_COMMAND_CASES: dict[str, list[str]] = {
+    "partition: sizes with shards": [*PARTITION_NEW, "--partition", "shards", "--sizes", "powerlaw"],
+    "partition: feature-shift only commas": [*PARTITION_NEW, "--feature-shift", ",,"],
+    "partition: size-param NaN": [*PARTITION_NEW, "--partition", "iid", "--sizes", "powerlaw", "--size-param", "nan"],
+    "partition: holdout-domain on digits": [*PARTITION_NEW, "--holdout-domain", "sketch"],
+    "partition: domain without domains": [*PARTITION_NEW, "--partition", "domain"],
+    "partition: shift-groups more than clients": [*PARTITION_NEW, "--feature-shift", "rotate", "--shift-groups", "9"],
+    "sweep: dropout 1": [*SWEEP_NEW, "--algos", "fedavg", "--dropout", "1"],
+    "sweep: set dp_clip=-1": [*SWEEP_NEW, "--algos", "fedavg", "--dp", "client", "--set", "dp_clip=-1"],
+    "sweep: set clusters=100": [*SWEEP_NEW, "--algos", "ifca", "--set", "clusters=100"],
+    "sweep: set straggler_sigma=1e308": [
+        *SWEEP_NEW,
+        "--algos",
+        "fedavg",
+        "--straggler-model",
+        "lognormal",
+        "--set",
+        "straggler_sigma=1e308",
+    ],
+    "sweep: set momentum with adam": [
+        *SWEEP_NEW,
+        "--algos",
+        "fedavg",
+        "--set",
+        "optimizer=adam",
+        "--set",
+        "momentum=0.9",
+    ],
+    "sweep: set hvp with fo": [
+        *SWEEP_NEW,
+        "--algos",
+        "perfedavg",
+        "--set",
+        "variant=fo",
+        "--set",
+        "hvp=finite-difference",
+    ],
+    "sweep: robust-agg with local": [*SWEEP_NEW, "--algos", "fedavg,local", "--robust-agg", "median"],
 }
 
 # the same kind of values in a --config file (wrong types, out of range, ignored, invalid combinations)
@@ -677,6 +719,12 @@ def main() -> int:
         for name, extra in NEW_OPTION_CASES.items():
             probe("new option", name, [*RUN, "--out", str(work / "out"), *extra])
         probe_config_files("new option (config file)", NEW_CONFIG_CASES)
+        for name, argv in NEW_COMMAND_CASES.items():
+            probe(
+                "new option (partition, sweep)",
+                name,
+                [*argv, "--out", str(work / "out")] if argv[0] == "sweep" else argv,
+            )
 
     unclean = [o for o in outcomes if o[2]]
     shutil.rmtree(root)

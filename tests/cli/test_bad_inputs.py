@@ -84,6 +84,8 @@ CASES = [
     (RUN + ["--mlflow-uri", "sqlite:///x.db"], "--mlflow-uri sqlite:///x.db would be ignored"),
     (RUN + ["--log", "tensorboard", "--mlflow-uri", "sqlite:///x.db"], "without --log mlflow"),
     (SWEEP + ["--algos", "fedavg", "--ray-workers", "2"], "--ray-workers 2 would be ignored"),
+    (SWEEP + ["--algos", "fedavg", "--set", "optimizer=adam", "--set", "momentum=0.9"], "leave it out of --set"),
+    (SWEEP + ["--algos", "perfedavg", "--set", "variant=fo", "--set", "hvp=finite-difference"], "--hvp finite-differ"),
     # run: outputs
     (RUN + ["--out", "FILE"], "cannot write FILE: it is a file"),
     (RUN + ["--out", "FILE/below"], "cannot write FILE/below"),
@@ -238,3 +240,16 @@ def test_shards_per_client_zero_and_a_hyperparameter_without_help_are_one_clear_
     result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=False)
     assert result.returncode == 2 and "option --rho has no help text" in result.stderr, result.stderr
     assert result.stderr.count("\n") == 1 and not (tmp_path / "runs").exists()
+
+
+def test_a_hyperparameter_is_refused_only_where_no_run_of_the_grid_reads_it(tmp_path: Path) -> None:
+    """Algorithm.inert_hyperparameters: --hvp is read by the grid's hf runs, so a dry run accepts it;
+    under --variant fo alone it would be ignored, so it is refused (exit 2, one line, nothing written)."""
+    base = [*SWEEP, "--algos", "perfedavg", "--set", "hvp=finite-difference", "--out", str(tmp_path / "out")]
+    mixed = CliRunner().invoke(cli, [*base, "--set", "variant=fo,hf", "--dry-run"])
+    assert mixed.exit_code == 0, mixed.output
+    only_fo = CliRunner().invoke(cli, [*base, "--set", "variant=fo"])
+    lines = [line for line in only_fo.stderr.splitlines() if line.strip()]
+    assert only_fo.exit_code == 2 and len(lines) == 1, only_fo.output
+    assert lines[0].startswith("Error: --hvp finite-difference would be ignored") and "of --set" in lines[0]
+    assert not (tmp_path / "out").exists()
