@@ -212,6 +212,23 @@ def check_attack_algorithm(attack: AttackSpec | None, robust: RobustSpec | None,
         )
 
 
+def check_attack_uploads(attack: AttackSpec | None, robust: RobustSpec | None, algorithm: Any) -> None:
+    """With the built algorithm: one that uploads nothing (Local) has no update to aggregate
+    robustly or to poison."""
+    if algorithm.layout.shared:
+        return
+    algo = algorithm.config.algo
+    if robust is not None:
+        raise ConfigError(
+            f"--robust-agg {robust.rule}: --algo {algo} uploads nothing, so there is nothing to aggregate"
+        )
+    if attack is not None and attack.kind in MODEL_POISONING:
+        raise ConfigError(
+            f"--attack {attack.kind}: --algo {algo} uploads nothing, so there is no update to poison; "
+            "data poisoning (--attack label-flip or backdoor) works with it"
+        )
+
+
 def check_attack_clients(
     attack: AttackSpec | None, robust: RobustSpec | None, num_training: int, sampled_per_round: int
 ) -> None:

@@ -25,6 +25,7 @@ from pflbench.engine import EXECUTORS, Algorithm, ClientProgram
 from pflbench.engine.attacks import (
     check_attack_algorithm,
     check_attack_clients,
+    check_attack_uploads,
     check_backdoor_data,
     choose_attackers,
     poison_data,
@@ -217,6 +218,7 @@ def prepare(
     data = FederatedData(dataset, split.train, split.test, device, split.val, split.ood, backdoor)
     algorithm = algorithm_class(config, hparams, model, data.num_train)
     check_private_algorithm(config.privacy_spec, algorithm, config.sampled_per_round)  # --dp: no BatchNorm, ...
+    check_attack_uploads(config.attack_spec, config.robust_spec, algorithm)  # Local: nothing to aggregate
     algorithm.client_domains = split.domain_labels  # partition.json's client_domains (IFCA scores its clusters)
     executor = make_executor(config.executor_spec, model, data)
     check = getattr(executor, "check_algorithm", None)

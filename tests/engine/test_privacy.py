@@ -361,7 +361,7 @@ def test_killed_run_resumes_with_the_same_noise_and_privacy(dp: dict, tmp_path: 
     ],
 )
 def test_bad_input_is_one_error_line_and_nothing_written(args: list[str], message: str, tmp_path: Path) -> None:
-    base = ["run", "--model", "mlp", "--num-clients", "4", "--rounds", "1", "--out", str(tmp_path / "out")]
+    base = ["run", "--model", "mlp", "--num-clients", "4", "--rounds", "1", "--quiet", "--out", str(tmp_path / "out")]
     if "--model" in args:
         base = base[:1] + base[3:]
     result = CliRunner().invoke(cli, [*base, *args])

@@ -340,10 +340,12 @@ def test_vmap_executor_serves_the_backdoor_and_a_robust_rule() -> None:
         (["--attack", "backdoor", "--attackers", "0.25", "--backdoor-target", "10"], "is not a class of"),
         (["--attackers", "0.25"], "--attackers 0.25 would be ignored: no --attack is set"),
         (["--krum-f", "2"], "--krum-f 2 would be ignored: only --robust-agg krum or multi-krum reads it"),
+        (["--robust-agg", "median", "--algo", "local"], "--algo local uploads nothing, so there is nothing to aggregate"),
+        (["--attack", "sign-flip", "--attackers", "0.25", "--algo", "local"], "there is no update to poison"),
     ],
 )
 def test_bad_input_is_one_error_line_and_nothing_written(args: list[str], message: str, tmp_path: Path) -> None:
-    base = ["run", "--model", "mlp", "--num-clients", "4", "--rounds", "1", "--out", str(tmp_path / "out")]
+    base = ["run", "--model", "mlp", "--num-clients", "4", "--rounds", "1", "--quiet", "--out", str(tmp_path / "out")]
     result = CliRunner().invoke(cli, [*base, *args])
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
