@@ -65,6 +65,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pflbench import Algorithm, ClientProgram, ConfigError, RunConfig, Tensors, option, register_algorithm
+from pflbench.data.dataset import minibatches
 from pflbench.engine import LocalResult, LocalTrainer
 from pflbench.models.zoo import head_module_names
 from pflbench.util.seeding import derive_seed
@@ -112,14 +113,11 @@ def expert_with_features(expert: nn.Module, head: str, inputs: torch.Tensor) -> 
 def subset_batches(
     data: Any, indices: torch.Tensor, batch_size: int, generator: torch.Generator
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """One shuffled epoch over ``indices`` (a trailing single sample joins the previous batch, as
-    in the engine's own epochs)."""
+    """One shuffled epoch over ``indices``, cut as the engine's own epochs (``minibatches``: no
+    batch of a single sample, which BatchNorm cannot train on)."""
     shuffled = indices[torch.randperm(len(indices), generator=generator).to(indices.device)]
-    starts = list(range(0, len(shuffled), batch_size))
-    if batch_size > 1 and len(starts) > 1 and len(shuffled) - starts[-1] == 1:
-        starts.pop()
-    for start, end in zip(starts, starts[1:] + [len(shuffled)]):
-        yield data.gather(shuffled[start:end])
+    for batch in minibatches(shuffled, batch_size):
+        yield data.gather(batch)
 
 
 @dataclass(frozen=True)

@@ -169,6 +169,19 @@ def _call_loader(name: str, loader: Any, options: dict[str, Any]) -> TensorDatas
 EVAL_SPLITS = ("test", "val", "ood", "backdoor")
 
 
+def minibatches(shuffled: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
+    """``shuffled`` indices cut into batches of ``batch_size``, none of a single sample when
+    ``batch_size`` > 1 (BatchNorm cannot take batch statistics of one sample): a trailing single
+    sample joins the previous batch, and a lone sample is a batch of two copies of itself (the
+    same mean loss and gradient for a model without batch statistics)."""
+    if batch_size > 1 and len(shuffled) == 1:
+        shuffled = shuffled.repeat(2)
+    starts = list(range(0, len(shuffled), batch_size))
+    if batch_size > 1 and len(starts) > 1 and len(shuffled) - starts[-1] == 1:
+        starts.pop()
+    return [shuffled[start:end] for start, end in zip(starts, starts[1:] + [len(shuffled)])]
+
+
 class FederatedData:
     """The pooled tensors on the device plus each client's train/validation/test index tensors."""
 
@@ -252,10 +265,4 @@ class FederatedData:
         """
         indices = self.train_indices[client_id]
         order = torch.randperm(len(indices), generator=generator).to(self.device)
-        shuffled = indices[order]
-        if batch_size > 1 and len(shuffled) == 1:
-            shuffled = shuffled.repeat(2)
-        starts = list(range(0, len(shuffled), batch_size))
-        if batch_size > 1 and len(starts) > 1 and len(shuffled) - starts[-1] == 1:
-            starts.pop()
-        return [shuffled[start:end] for start, end in zip(starts, starts[1:] + [len(shuffled)])]
+        return minibatches(indices[order], batch_size)

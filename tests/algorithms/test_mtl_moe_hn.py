@@ -337,3 +337,19 @@ def test_pflmoe_refuses_vmap_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as refusal:
         prepare(tiny("pflmoe", tmp_path, executor="vmap"))
     assert "vmap" in str(refusal.value) and "\n" not in str(refusal.value)
+
+
+def test_pflmoe_gate_split_of_one_sample_is_no_single_sample_batch() -> None:
+    """A client whose gate split holds one sample (a tiny client) trained BatchNorm on a batch of
+    one and crashed (cnn_bn); its batches are cut like the engine's (``minibatches``)."""
+    from pflbench.algorithms.pflmoe import subset_batches
+
+    class Gather:
+        def gather(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return batch, batch
+
+    generator = torch.Generator().manual_seed(0)
+    (batch,) = [b for b, _ in subset_batches(Gather(), torch.tensor([7]), 32, generator)]
+    assert batch.tolist() == [7, 7]
+    sizes = [len(b) for b, _ in subset_batches(Gather(), torch.arange(33), 32, generator)]
+    assert sizes == [33]
