@@ -21,6 +21,7 @@ class Local(Algorithm):
     paper = "baseline: no communication"
     method_family = "local"
     has_global_model = False
+    uploads_nothing = True
 
     def select_shared(self, names: list[str]) -> list[str]:
         return []

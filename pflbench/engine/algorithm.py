@@ -153,6 +153,9 @@ class Algorithm(Generic[H]):
     # The survey's family (``report.families.METHOD_FAMILIES`` key, e.g. "clustering"): `pflbench
     # list` groups by it. A literal in the registered class's own body (read without importing).
     method_family: ClassVar[str] = ""
+    # True: clients upload nothing (Local), so there is no update to aggregate robustly, poison or
+    # make private; read before the run is built (a sweep refuses such a grid cell up front).
+    uploads_nothing: ClassVar[bool] = False
     uses_head_layers: ClassVar[bool] = False  # reads --head-layers (part of the run identity)
     # Per-client state that is not part of the model (control variates, a second model, ...)
     # must say whether the personal model is still the received/global one. See personal_model.

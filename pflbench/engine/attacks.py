@@ -200,7 +200,10 @@ class PoisonedUploads:
 def check_attack_algorithm(attack: AttackSpec | None, robust: RobustSpec | None, algorithm: type, algo: str) -> None:
     """Model poisoning and robust aggregation act on model updates averaged by the FedAvg rule:
     any other algorithm is refused (the predicate of ``engine.privacy.client_level_refusal``)."""
-    refusal = client_level_refusal(algorithm)
+    if getattr(algorithm, "uploads_nothing", False):
+        refusal = "it uploads nothing"
+    else:
+        refusal = client_level_refusal(algorithm)
     if refusal is None:
         return
     if robust is not None:

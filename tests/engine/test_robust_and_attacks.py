@@ -340,8 +340,14 @@ def test_vmap_executor_serves_the_backdoor_and_a_robust_rule() -> None:
         (["--attack", "backdoor", "--attackers", "0.25", "--backdoor-target", "10"], "is not a class of"),
         (["--attackers", "0.25"], "--attackers 0.25 would be ignored: no --attack is set"),
         (["--krum-f", "2"], "--krum-f 2 would be ignored: only --robust-agg krum or multi-krum reads it"),
-        (["--robust-agg", "median", "--algo", "local"], "--algo local uploads nothing, so there is nothing to aggregate"),
-        (["--attack", "sign-flip", "--attackers", "0.25", "--algo", "local"], "there is no update to poison"),
+        (
+            ["--robust-agg", "median", "--algo", "local"],
+            "cannot replace the aggregation of --algo local: it uploads nothing",
+        ),
+        (
+            ["--attack", "sign-flip", "--attackers", "0.25", "--algo", "local"],
+            "--algo local has none to poison: it uploads nothing",
+        ),
     ],
 )
 def test_bad_input_is_one_error_line_and_nothing_written(args: list[str], message: str, tmp_path: Path) -> None:
