@@ -48,7 +48,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from pflbench.config.lora import RUN_DEFAULTS
 from pflbench.config.run_config import RunConfig
 from pflbench.data.dataset import FederatedData, TensorDataset
-from pflbench.models.pretrain import train_centrally
+from pflbench.models.pretrain import PRETRAIN_BATCH_SIZE, PRETRAIN_WEIGHT_DECAY, train_centrally
 from pflbench.models.zoo import build_model
 from pflbench.registry import register_dataset
 from pflbench.runs.prepare import prepare
@@ -188,13 +188,15 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         lambda: train_centrally(model, data, 1, 1e-3, torch.Generator().manual_seed(0), precision), args.repeats, device
     )
     model = fresh_model()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.05)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=PRETRAIN_WEIGHT_DECAY)
     indices = torch.as_tensor(public, device=device)
     generator = torch.Generator().manual_seed(0)
-    plain = best_time(
-        lambda: plain_epoch(model, data, indices, batch, optimizer, generator, precision), args.repeats, device
+    plain = best_time(  # pretraining's own batch size (PRETRAIN_BATCH_SIZE), as train_centrally
+        lambda: plain_epoch(model, data, indices, PRETRAIN_BATCH_SIZE, optimizer, generator, precision),
+        args.repeats,
+        device,
     )
-    inputs, targets = data.gather(indices[:batch])
+    inputs, targets = data.gather(indices[:PRETRAIN_BATCH_SIZE])
     train_flops = flops_per_sample(model, inputs, targets, train=True)
     result["pretraining"] = stage_line("(a) pretraining", len(public), engine, plain, train_flops, rate)
 
