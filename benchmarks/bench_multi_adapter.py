@@ -2,6 +2,7 @@
 on this CPU? Sequential vs one backbone pass over every client's batch, on the headline model.
 
     python benchmarks/bench_multi_adapter.py [--clients 10,20,50] [--batches 1] [--repeats 2] [--vmap]
+                                             [--device cpu|cuda]
 
 The model is the headline job's (``config.lora.RUN_DEFAULTS``: a 6-block ViT, embed 64, 3×32×32
 inputs, 100 classes, LoRA rank 8 on attn.proj and mlp.fc2, the head trainable); the data are
@@ -80,14 +81,23 @@ def bench_multi_adapter_cifar(samples: int = 1000) -> TensorDataset:
 bench_multi_adapter_cifar.cacheable = False  # type: ignore[attr-defined]  # made in a blink, sized per run
 
 
-def matmul_gflops(n: int = 2048) -> float:
-    """This core's float32 n×n matmul rate (best of 3 after a warm-up), GFLOP/s."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_gflops(device: torch.device) -> float:
+    """The device's float32 n×n matmul rate (best of 3 after a warm-up), GFLOP/s: n = 2048 on a
+    CPU, 8192 on a GPU (large enough to fill it)."""
+    n = 8192 if device.type == "cuda" else 2048
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
     torch.mm(a, b)
     best = math.inf
     for _ in range(3):
+        synchronize(device)
         started = time.perf_counter()
         torch.mm(a, b)
+        synchronize(device)
         best = min(best, time.perf_counter() - started)
     return 2 * n**3 / best / 1e9
 
@@ -107,7 +117,7 @@ def run_config(clients: int, args: argparse.Namespace, executor: str = "sequenti
         lora_rank=args.rank,
         backbone="random",
         batch_size=BATCH,
-        device="cpu",
+        device=args.device,
         threads=args.threads,
         executor=executor,
         out="/tmp/pflbench_bench_multi_adapter",
@@ -236,13 +246,16 @@ def measure(clients: int, args: argparse.Namespace) -> dict[str, Any]:
         )
     timings: dict[str, list[float]] = {key: [] for key in works}
     rates = []  # the matmul rate, measured between the rounds (the machine's load changes)
+    device = torch.device(args.device)
     for repeat in range(args.repeats + 1):  # interleaved; the first pass warms up
         for key, work in works.items():
+            synchronize(device)
             started = time.perf_counter()
             work(repeat)
+            synchronize(device)
             if repeat:
                 timings[key].append(time.perf_counter() - started)
-        rates.append(matmul_gflops())
+        rates.append(matmul_gflops(device))
     medians = {key: statistics.median(values) for key, values in timings.items()}
     inputs, targets = data.gather(plans[0][0])
     with FlopCounterMode(display=False) as counter:
@@ -291,6 +304,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=1, help="batches of 32 per client and round (about)")
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--vmap", action="store_true", help="also time --executor vmap")
     args = parser.parse_args()
@@ -310,11 +324,11 @@ def main() -> None:
             f"{line}\n    sequential / multi-adapter {row['sequential_over_multi_adapter']:.2f}x, "
             f"loop / multi-adapter {row['loop_over_multi_adapter']:.2f}x, engine overhead "
             f"(sequential / loop) {row['sequential_over_loop']:.2f}x; the loop computes "
-            f"{row['loop_gflops']:.1f} GFLOP/s = {row['loop_gflops'] / row['matmul_gflops']:.2f}x the 2048² matmul rate; "
+            f"{row['loop_gflops']:.1f} GFLOP/s = {row['loop_gflops'] / row['matmul_gflops']:.2f}x the dense matmul rate; "
             f"max |Δ∇| {row['max_gradient_gap']:.1e}",
             flush=True,
         )
-    print(json.dumps({"benchmark": "multi_adapter", "threads": args.threads, "results": rows}))
+    print(json.dumps({"benchmark": "multi_adapter", "threads": args.threads, "device": args.device, "results": rows}))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 
@@ -18,6 +19,13 @@ OVERRIDES = {
     "scaffold": {"optimizer": "sgd", "lr": 0.1},
     "fednova": {"optimizer": "sgd", "lr": 0.1},  # a_k counts SGD steps: FedNova refuses Adam
 }
+
+
+# The device and precision every algorithm runs on here: the CPU in CI; on a GPU machine
+# `PFLBENCH_TEST_DEVICE=cuda [PFLBENCH_TEST_PRECISION=bf16] pytest tests/algorithms/test_every_algorithm.py`
+# (benchmarks/gpu_all.sh) checks that every algorithm keeps its tensors on the device.
+DEVICE = os.environ.get("PFLBENCH_TEST_DEVICE", "cpu")
+PRECISION = os.environ.get("PFLBENCH_TEST_PRECISION", "fp32")
 
 
 @pytest.mark.parametrize("algo", ALGORITHMS.names())
@@ -36,6 +44,8 @@ def test_every_algorithm_runs_two_rounds(algo: str, tmp_path) -> None:
         out=str(tmp_path),
         lora_targets="fc1,fc2",
         backbone="random",
+        device=DEVICE,
+        precision=PRECISION,
         **settings,
     )
     summary = run_experiment(config)
