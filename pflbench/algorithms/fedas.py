@@ -198,7 +198,7 @@ class FedASProgram(ClientProgram[FedASHyperparameters]):
         result = standard_local_update(self, trainer)
         state = trainer.state
         upload = {n: state[n].detach().clone() for n in self.layout.shared}
-        upload[FISHER] = torch.tensor(self.fisher_trace(trainer), dtype=torch.float32)
+        upload[FISHER] = torch.tensor(self.fisher_trace(trainer), dtype=torch.float32, device=trainer.device)
         kept = {n: state[n].detach().clone() for n in self.layout.private}
         kept.update({BODY + n: state[n].detach().clone() for n in self.layout.shared})
         kept[ROUNDS] = private[ROUNDS] + 1

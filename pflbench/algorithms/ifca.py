@@ -179,7 +179,7 @@ class IFCAProgram(ClientProgram[IFCAHyperparameters]):
         chosen = self.choose(trainer)
         result = standard_local_update(self, trainer)
         upload = {n: trainer.state[n].detach().clone() for n in self.layout.shared}
-        upload[CHOSEN] = torch.tensor([chosen], dtype=torch.int64)
+        upload[CHOSEN] = torch.tensor([chosen], dtype=torch.int64, device=trainer.device)
         result.upload = upload
         return result
 

@@ -61,8 +61,12 @@ class Diverged(Exception):
 
 
 def _all_finite(tensors: dict[str, torch.Tensor]) -> bool:
-    floats = [t for t in tensors.values() if t.is_floating_point()]
-    return not floats or bool(torch.stack([t.isfinite().all() for t in floats]).all())
+    """One host read per device (a plugin's upload may mix a CPU scalar into GPU tensors)."""
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for t in tensors.values():
+        if t.is_floating_point():
+            by_device.setdefault(t.device, []).append(t.isfinite().all())
+    return all(bool(torch.stack(flags).all()) for flags in by_device.values())
 
 
 def _first_non_finite(tensors: dict[str, torch.Tensor]) -> str:

@@ -19,6 +19,7 @@ shared models as in the sequential executor.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -75,6 +76,23 @@ def contiguous_runs(sizes: list[int]) -> list[slice]:
     return runs
 
 
+@contextmanager
+def unfused_attention(model: nn.Module) -> Iterator[None]:
+    """Attention as plain matrix products while vmapped: timm's fused kernel
+    (``scaled_dot_product_attention``) has no ``vmap`` batching rule for its CPU or CUDA
+    backward, so under ``vmap`` torch runs it client by client (a warning says so); the unfused
+    path (``q @ kᵀ``, softmax, ``@ v``: timm's own ``fused_attn = False`` branch) batches like any
+    product. Same function, rounding aside (sequential keeps the fused kernel)."""
+    switched = [m for m in model.modules() if getattr(m, "fused_attn", False) is True]
+    for module in switched:
+        module.fused_attn = False
+    try:
+        yield
+    finally:
+        for module in switched:
+            module.fused_attn = True
+
+
 class VmapExecutor(SequentialExecutor):
     """Trains the sampled clients together (vectorized); evaluates like ``SequentialExecutor``."""
 
@@ -94,7 +112,9 @@ class VmapExecutor(SequentialExecutor):
 
     def train_iter(self, program: ClientProgram, jobs: Sequence[ClientJob]) -> Iterator[ClientUpdate]:
         for start in range(0, len(jobs), MAX_CLIENTS_AT_ONCE):
-            yield from self.train_together(program, jobs[start : start + MAX_CLIENTS_AT_ONCE])
+            with unfused_attention(self.model):
+                updates = self.train_together(program, jobs[start : start + MAX_CLIENTS_AT_ONCE])
+            yield from updates
 
     def train_together(self, program: ClientProgram, jobs: Sequence[ClientJob]) -> list[ClientUpdate]:
         """One chunk of clients. Every client's batches are drawn first (its job's generator, phase
@@ -207,7 +227,8 @@ class VmapExecutor(SequentialExecutor):
         results: list[np.ndarray | None] = [None] * len(jobs)
         for start in range(0, len(single), MAX_CLIENTS_AT_ONCE):
             chunk = single[start : start + MAX_CLIENTS_AT_ONCE]
-            counts = self._evaluate_together([jobs[i] for i in chunk], program.local.precision)
+            with unfused_attention(self.model):
+                counts = self._evaluate_together([jobs[i] for i in chunk], program.local.precision)
             for i, count in zip(chunk, counts):
                 results[i] = np.array([count])
         rest = [i for i in range(len(jobs)) if results[i] is None]

@@ -13,7 +13,7 @@ import torch
 from pflbench import ClientProgram, ConfigError, OptimizerSpec, register_algorithm
 from pflbench.algorithms.fedavg import FedAvg
 from pflbench.config.run_config import RunConfig
-from pflbench.engine.vmap import contiguous_runs
+from pflbench.engine.vmap import contiguous_runs, unfused_attention
 from pflbench.engine.vmap_optim import FunctionalOptimizer
 from pflbench.runs.api import run_experiment
 from pflbench.runs.prepare import prepare
@@ -57,6 +57,18 @@ CASES = {
     "fedper_cnn": ("fedper", {"model": "cnn"}, {}),
     "fedavg_lora": ("fedavg", {"lora_rank": 2, "optimizer": "adam", "lr": 0.003}, {}),
     "fedsdg": ("fedsdg", {"optimizer": "adam", "lr": 0.01}, {}),
+    # timm's ViT: its fused attention runs unfused under vmap (no batching rule), fused sequentially
+    "fedavg_lora_vit": (
+        "fedavg",
+        {
+            "model": "vit_tiny_patch16_224",
+            "model_option": ("depth=1", "embed_dim=16", "num_heads=2"),
+            "lora_rank": 2,
+            "optimizer": "adam",
+            "lr": 0.003,
+        },
+        {},
+    ),
 }
 
 
@@ -67,6 +79,20 @@ def test_vmap_matches_sequential(case: str, tmp_path) -> None:
     sequential = rounds(dataclasses.replace(config, out=str(tmp_path / "seq")), hparams)
     vectorized = rounds(dataclasses.replace(config, out=str(tmp_path / "vmap"), executor="vmap"), hparams)
     assert_close(sequential, vectorized)
+
+
+def test_attention_runs_unfused_inside_vmap_and_fused_again_after() -> None:
+    from timm.layers import Attention
+
+    model = torch.nn.Sequential(Attention(8, num_heads=2), Attention(8, num_heads=2))
+    assert all(m.fused_attn for m in model)  # timm's default where torch has the fused kernel
+    x = torch.randn(3, 5, 8)
+    fused = model(x)
+    with unfused_attention(model):
+        assert not any(m.fused_attn for m in model)
+        unfused = model(x)
+    assert all(m.fused_attn for m in model)
+    torch.testing.assert_close(unfused, fused, rtol=1e-5, atol=1e-6)  # the same function
 
 
 class CustomLoop(ClientProgram):
