@@ -16,6 +16,15 @@ from pflbench.engine import ClientJob, ClientUpdate, Federation, Observer, Tenso
 from pflbench.engine.observers import RoundCallback
 from pflbench.util.seeding import derive_seed
 
+# Settings an algorithm needs beyond the shared ones in the tests' tiny runs: FedBN keeps BatchNorm
+# layers local (the mlp has none, which it refuses); SCAFFOLD's correction is defined for plain SGD
+# only; FedNova's a_k counts SGD steps (it refuses Adam).
+ALGORITHM_OVERRIDES: dict[str, dict[str, Any]] = {
+    "fedbn": {"model": "cnn_bn"},
+    "scaffold": {"optimizer": "sgd", "lr": 0.1},
+    "fednova": {"optimizer": "sgd", "lr": 0.1},
+}
+
 
 class TrafficObserver(Observer):
     """Records the keys each client received and uploaded."""

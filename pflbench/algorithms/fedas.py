@@ -135,10 +135,11 @@ class FedASProgram(ClientProgram[FedASHyperparameters]):
         def run(inputs: torch.Tensor) -> torch.Tensor:
             handle = head.register_forward_pre_hook(lambda module, args: captured.append(args[0]))
             try:
-                trainer.model(inputs)
+                with trainer.autocast():  # --precision bf16: the forward as the batch loop's
+                    trainer.model(inputs)
             finally:
                 handle.remove()
-            return captured.pop().flatten(1)
+            return captured.pop().flatten(1).float()
 
         return run
 
@@ -184,7 +185,8 @@ class FedASProgram(ClientProgram[FedASHyperparameters]):
         trainer.model.eval()
         total = torch.zeros((), device=trainer.device)
         for inputs, targets in trainer.epoch():
-            nll = F.cross_entropy(trainer.model(inputs), targets)
+            with trainer.autocast():
+                nll = F.cross_entropy(trainer.model(inputs), targets)
             for gradient in torch.autograd.grad(nll, params):
                 total += gradient.pow(2).sum()
         trainer.model.train()

@@ -177,8 +177,9 @@ class FedDBEProgram(ClientProgram[FedDBEHyperparameters]):
         total, count = None, 0
         trainer.model.eval()
         for inputs, _ in trainer.epoch():
-            trainer.model(inputs)
-            batch = self.captured.pop().sum(dim=0)  # type: ignore[union-attr]
+            with trainer.autocast():  # --precision bf16: the forward as the batch loop's
+                trainer.model(inputs)
+            batch = self.captured.pop().float().sum(dim=0)  # type: ignore[union-attr]
             total = batch if total is None else total + batch
             count += len(inputs)
         trainer.model.train()

@@ -185,7 +185,9 @@ class FedFomoProgram(ClientProgram[FedFomoHyperparameters]):
         raw = self.combine(trainer)
         result = standard_local_update(self, trainer)
         upload = {n: trainer.state[n].detach().clone() for n in self.model_names()}
-        upload.update({f"{WEIGHT}{j}": torch.tensor(w, dtype=torch.float32, device=trainer.device) for j, w in raw.items()})
+        upload.update(
+            {f"{WEIGHT}{j}": torch.tensor(w, dtype=torch.float32, device=trainer.device) for j, w in raw.items()}
+        )
         result.upload = upload
         result.private = {n: trainer.state[n].detach().clone() for n in self.model_names()}
         return result

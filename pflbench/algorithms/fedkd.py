@@ -218,18 +218,19 @@ class FedKDProgram(ClientProgram[FedKDHyperparameters]):
                 for inputs, targets in trainer.epoch():
                     if steps == job.max_steps:
                         break
-                    mentee_logits = trainer.model(inputs)
-                    mentee_hidden = captured.pop()
-                    mentor_logits = functional_call(trainer.model, mentor, (inputs,))
-                    mentor_hidden = captured.pop()
-                    terms = mutual_distillation_terms(
-                        mentor_logits,
-                        mentee_logits,
-                        mentor_hidden if hidden else None,
-                        mentee_hidden if hidden else None,
-                        targets,
-                    )
-                    loss = sum(self.loss_weights.get(n, 1.0) * t for n, t in terms.items())
+                    with trainer.autocast():  # --precision bf16: forwards and losses, as the batch loop
+                        mentee_logits = trainer.model(inputs)
+                        mentee_hidden = captured.pop()
+                        mentor_logits = functional_call(trainer.model, mentor, (inputs,))
+                        mentor_hidden = captured.pop()
+                        terms = mutual_distillation_terms(
+                            mentor_logits,
+                            mentee_logits,
+                            mentor_hidden if hidden else None,
+                            mentee_hidden if hidden else None,
+                            targets,
+                        )
+                        loss = sum(self.loss_weights.get(n, 1.0) * t for n, t in terms.items())
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()  # type: ignore[union-attr]
                     if spec.max_grad_norm is not None:

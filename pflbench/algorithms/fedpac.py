@@ -189,8 +189,9 @@ class FedPACProgram(FedProtoProgram):
         totals: list[torch.Tensor] | None = None
         trainer.model.eval()
         for inputs, targets in trainer.epoch():
-            trainer.model(inputs)
-            representations = self.captured.pop()  # type: ignore[union-attr]
+            with trainer.autocast():  # --precision bf16: the forward as the batch loop's
+                trainer.model(inputs)
+            representations = self.captured.pop().float()  # type: ignore[union-attr]
             sums, counts = class_sums(representations, targets, num_classes)
             squares, _ = class_sums(representations.pow(2).sum(dim=1, keepdim=True), targets, num_classes)
             batch = [sums, squares.squeeze(1), counts]

@@ -231,8 +231,9 @@ class FedProtoProgram(ClientProgram[Any]):
         counts: torch.Tensor | None = None
         trainer.model.eval()
         for inputs, targets in trainer.epoch():
-            trainer.model(inputs)
-            batch_sums, batch_counts = class_sums(self.captured.pop(), targets, num_classes)  # type: ignore[union-attr]
+            with trainer.autocast():  # --precision bf16: the forward as the batch loop's
+                trainer.model(inputs)
+            batch_sums, batch_counts = class_sums(self.captured.pop().float(), targets, num_classes)  # type: ignore[union-attr]
             sums = batch_sums if sums is None else sums + batch_sums
             counts = batch_counts if counts is None else counts + batch_counts
         trainer.model.train()

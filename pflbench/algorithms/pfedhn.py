@@ -184,7 +184,8 @@ class PFedHNInnerStepsProgram(PFedHNProgram):
         total = torch.zeros((), device=trainer.device)
         trainer.model.train()
         for _, (inputs, targets) in zip(range(steps), trainer.batches()):
-            loss = F.cross_entropy(trainer.model(inputs), targets)
+            with trainer.autocast():  # --precision bf16: forward and loss, as the batch loop
+                loss = F.cross_entropy(trainer.model(inputs), targets)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if spec.max_grad_norm is not None:

@@ -171,7 +171,8 @@ class PFLMoEProgram(ClientProgram[PFLMoEHyperparameters]):
             total, count = torch.zeros((), device=trainer.device), 0
             for _ in range(epochs):
                 for inputs, targets in batches():
-                    loss = loss_of(inputs, targets)
+                    with trainer.autocast():  # --precision bf16: forward and loss, as the batch loop
+                        loss = loss_of(inputs, targets)
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     if spec.max_grad_norm is not None:

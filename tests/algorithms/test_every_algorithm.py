@@ -11,15 +11,7 @@ import pytest
 from pflbench.config.run_config import RunConfig
 from pflbench.registry import ALGORITHMS
 from pflbench.runs.api import run_experiment
-
-# Settings an algorithm needs beyond the shared ones: FedBN keeps BatchNorm layers local (the mlp
-# has none, which it refuses); SCAFFOLD's correction is defined for plain SGD only.
-OVERRIDES = {
-    "fedbn": {"model": "cnn_bn"},
-    "scaffold": {"optimizer": "sgd", "lr": 0.1},
-    "fednova": {"optimizer": "sgd", "lr": 0.1},  # a_k counts SGD steps: FedNova refuses Adam
-}
-
+from pflbench.testing import ALGORITHM_OVERRIDES as OVERRIDES
 
 # The device and precision every algorithm runs on here: the CPU in CI; on a GPU machine
 # `PFLBENCH_TEST_DEVICE=cuda [PFLBENCH_TEST_PRECISION=bf16] pytest tests/algorithms/test_every_algorithm.py`

@@ -13,12 +13,8 @@ from pflbench.config.run_config import RunConfig
 from pflbench.engine import FineTuneProgram, personalize
 from pflbench.registry import ALGORITHMS
 from pflbench.runs.prepare import prepare
+from pflbench.testing import ALGORITHM_OVERRIDES as OVERRIDES
 
-OVERRIDES = {
-    "fedbn": {"model": "cnn_bn"},
-    "scaffold": {"optimizer": "sgd", "lr": 0.1},
-    "fednova": {"optimizer": "sgd", "lr": 0.1},  # a_k counts SGD steps: FedNova refuses Adam
-}
 # the built-ins (other tests may have registered plugins by the time these run)
 BUILT_IN = sorted(n for n in ALGORITHMS.names() if ALGORITHMS.get(n).__module__.startswith("pflbench.algorithms."))
 AS_IT_IS = {"fedavg", "fedprox", "moon", "feddyn", "scaffold", "fedala", "flexlora"}

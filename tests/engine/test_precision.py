@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 from torch import nn
 
+from pflbench import ClientProgram
 from pflbench.cli import cli
 from pflbench.config import run_config
 from pflbench.config.identity import run_identity
@@ -29,9 +30,10 @@ from pflbench.engine.local import LocalTrainer
 from pflbench.engine.types import ClientJob
 from pflbench.errors import ConfigError
 from pflbench.models.pretrain import backbone_key
+from pflbench.registry import ALGORITHMS
 from pflbench.runs.api import run_experiment
 from pflbench.runs.prepare import plan_run, prepare
-from pflbench.testing import Harness
+from pflbench.testing import ALGORITHM_OVERRIDES, Harness
 from pflbench.util import precision as precision_module
 from pflbench.util.precision import autocast, check_precision, eval_batch
 
@@ -284,3 +286,38 @@ def test_pretrain_bf16_builds_the_backbone_a_bf16_run_finds(tmp_path: Path, monk
     fp32 = prepare(config)
     assert bf16.resolved["backbone"]["cache"] == "hit"
     assert fp32.resolved["backbone"]["cache"] == "created"
+
+
+# Algorithms whose client program runs its own loop (overrides ``local_update``): their forwards
+# must enter ``LocalTrainer.autocast()`` themselves (issue 25: six of them once ran fp32 under bf16).
+CUSTOM_LOOPS = [
+    name
+    for name in ALGORITHMS.names()
+    if ALGORITHMS.get(name).program_class.local_update is not ClientProgram.local_update
+]
+
+
+def test_custom_loops_are_found() -> None:
+    assert {"fedas", "feddbe", "fedkd", "fedpac", "fedproto", "pflmoe"} <= set(CUSTOM_LOOPS)
+
+
+@pytest.mark.parametrize("algo", CUSTOM_LOOPS)
+def test_every_linear_forward_of_a_bf16_run_is_autocast(algo: str, tmp_path) -> None:
+    """Local training (custom loops included), evaluation and new-client adaptation of a bf16 run:
+    no linear layer runs outside autocast (a global forward hook watches every module)."""
+    outside: list[str] = []
+
+    def watch(module: nn.Module, args: Any, output: Any) -> None:
+        if isinstance(module, nn.Linear) and not torch.is_autocast_enabled("cpu"):
+            outside.append(type(module).__name__)
+
+    settings = {"optimizer": "adam", "lr": 0.01, **ALGORITHM_OVERRIDES.get(algo, {})}
+    config = dataclasses.replace(
+        BASE, algo=algo, precision="bf16", new_clients=0.25, out=str(tmp_path), **LORA, **settings
+    )
+    handle = torch.nn.modules.module.register_module_forward_hook(watch)
+    try:
+        run_experiment(config)
+    finally:
+        handle.remove()
+    assert not outside, f"{algo}: {len(outside)} linear forwards outside autocast"
