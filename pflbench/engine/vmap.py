@@ -32,6 +32,7 @@ from pflbench.engine.local import LocalResult, mean_terms
 from pflbench.engine.types import ClientJob, ClientUpdate, EvalJob, OptimizerSpec, Tensors
 from pflbench.engine.vmap_optim import FunctionalOptimizer
 from pflbench.errors import ConfigError
+from pflbench.models.lora import lora_layers
 from pflbench.util.precision import autocast
 
 MAX_CLIENTS_AT_ONCE = 128  # clients stacked together (memory: this many model copies + optimizer state)
@@ -52,8 +53,10 @@ def unsupported_reason(algorithm, model: nn.Module) -> str | None:
     if program.optimizer().kind not in ("sgd", "adam"):
         return f"optimizer {program.optimizer().kind!r} has no functional version (sgd, adam)"
     floats = set(algorithm.layout.trainable) | {n for n, b in model.named_buffers() if b.is_floating_point()}
+    # per-client LoRA ranks (FlexLoRA): stacked like any state, read by the padded form (batchable_forms)
+    ranks = {f"{name}.active_rank" for name, layer in lora_layers(model).items() if layer.variable_rank}
     state = program.assemble(algorithm.broadcast(0), algorithm.store.get(0))
-    odd = sorted(n for n, t in state.items() if n not in floats or not t.is_floating_point())
+    odd = sorted(n for n, t in state.items() if n not in ranks and (n not in floats or not t.is_floating_point()))
     if odd:
         return (
             f"{name} gives each client model state that is not a float parameter or buffer "
@@ -76,21 +79,43 @@ def contiguous_runs(sizes: list[int]) -> list[slice]:
     return runs
 
 
+def stack_padded(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.stack``; tensors of different shapes (FlexLoRA's per-client factor ranks, as
+    received) are zero-padded at the end of each dimension to the largest shape first, as the
+    client's ``assemble`` pads its working copy."""
+    shape = [max(sizes) for sizes in zip(*(t.shape for t in tensors))]
+    if all(list(t.shape) == shape for t in tensors):
+        return torch.stack(tensors)
+    stacked = tensors[0].new_zeros((len(tensors), *shape))
+    for row, tensor in zip(stacked, tensors):
+        row[tuple(slice(0, n) for n in tensor.shape)] = tensor
+    return stacked
+
+
 @contextmanager
-def unfused_attention(model: nn.Module) -> Iterator[None]:
-    """Attention as plain matrix products while vmapped: timm's fused kernel
-    (``scaled_dot_product_attention``) has no ``vmap`` batching rule for its CPU or CUDA
-    backward, so under ``vmap`` torch runs it client by client (a warning says so); the unfused
-    path (``q @ kᵀ``, softmax, ``@ v``: timm's own ``fused_attn = False`` branch) batches like any
-    product. Same function, rounding aside (sequential keeps the fused kernel)."""
-    switched = [m for m in model.modules() if getattr(m, "fused_attn", False) is True]
-    for module in switched:
+def batchable_forms(model: nn.Module) -> Iterator[None]:
+    """While vmapped, the forms of two layers that batch over clients (same functions, rounding
+    aside; the sequential executor keeps the others):
+
+    - attention as plain matrix products: timm's fused kernel (``scaled_dot_product_attention``)
+      has no ``vmap`` batching rule for its CPU or CUDA backward, so under ``vmap`` torch runs it
+      client by client (a warning says so); the unfused path (``q @ kᵀ``, softmax, ``@ v``: timm's
+      own ``fused_attn = False`` branch) batches like any product;
+    - LoRA layers of per-client ranks (FlexLoRA) at full width (``LoRALinear.padded``): the
+      zero-padded factors with scaling α/r_k from each client's ``active_rank`` buffer."""
+    attention = [m for m in model.modules() if getattr(m, "fused_attn", False) is True]
+    variable = [m for m in lora_layers(model).values() if m.variable_rank]
+    for module in attention:
         module.fused_attn = False
+    for layer in variable:
+        layer.padded = True
     try:
         yield
     finally:
-        for module in switched:
+        for module in attention:
             module.fused_attn = True
+        for layer in variable:
+            layer.padded = False
 
 
 class VmapExecutor(SequentialExecutor):
@@ -112,7 +137,7 @@ class VmapExecutor(SequentialExecutor):
 
     def train_iter(self, program: ClientProgram, jobs: Sequence[ClientJob]) -> Iterator[ClientUpdate]:
         for start in range(0, len(jobs), MAX_CLIENTS_AT_ONCE):
-            with unfused_attention(self.model):
+            with batchable_forms(self.model):
                 updates = self.train_together(program, jobs[start : start + MAX_CLIENTS_AT_ONCE])
             yield from updates
 
@@ -147,7 +172,7 @@ class VmapExecutor(SequentialExecutor):
         received = (
             jobs[0].received
             if same_received
-            else {n: torch.stack([jobs[i].received[n] for i in order]) for n in jobs[0].received}
+            else {n: stack_padded([jobs[i].received[n] for i in order]) for n in jobs[0].received}
         )
         module_tensors = {n: t for n, t in self.tensors.items() if n not in stacked}
         total = torch.zeros(len(jobs), device=self.data.device)
@@ -227,7 +252,7 @@ class VmapExecutor(SequentialExecutor):
         results: list[np.ndarray | None] = [None] * len(jobs)
         for start in range(0, len(single), MAX_CLIENTS_AT_ONCE):
             chunk = single[start : start + MAX_CLIENTS_AT_ONCE]
-            with unfused_attention(self.model):
+            with batchable_forms(self.model):
                 counts = self._evaluate_together([jobs[i] for i in chunk], program.local.precision)
             for i, count in zip(chunk, counts):
                 results[i] = np.array([count])

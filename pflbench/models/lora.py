@@ -43,6 +43,7 @@ class LoRALinear(nn.Module):
         self.max_rank = rank
         self.register_buffer("active_rank", torch.tensor(rank, device=base.weight.device))
         self.variable_rank = False  # True: clients of different ranks share this layer (FlexLoRA)
+        self.padded = False  # True (set by --executor vmap): variable ranks computed at full width
         factory = {"device": base.weight.device, "dtype": base.weight.dtype}
         self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, **factory))
         self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, **factory))
@@ -68,13 +69,24 @@ class LoRALinear(nn.Module):
 
     def branch(self, x: torch.Tensor, lora_A: torch.Tensor, lora_B: torch.Tensor) -> torch.Tensor:
         """s·x A[:r]ᵀ B[:, :r]ᵀ: [..., in] → [..., out] (r = active rank)."""
+        if self.variable_rank and self.padded:
+            return F.linear(F.linear(x, lora_A), lora_B) * self.padded_scaling()
         r = self.rank
         return F.linear(F.linear(x, lora_A[:r]), lora_B[:, :r]) * self.scaling
 
     def branch_delta(self, lora_A: torch.Tensor, lora_B: torch.Tensor) -> torch.Tensor:
         """s·B[:, :r]·A[:r]: the branch's weight update [out, in]."""
+        if self.variable_rank and self.padded:
+            return self.padded_scaling() * (lora_B @ lora_A)
         r = self.rank
         return self.scaling * (lora_B[:, :r] @ lora_A[:r])
+
+    def padded_scaling(self) -> torch.Tensor:
+        """α / active_rank as a tensor, for the full-width (``padded``) form: the factors beyond a
+        client's rank are zero (FlexLoRA's ``assemble`` pads them) and get zero gradients, so
+        s·x Aᵀ Bᵀ over all r_max components is the rank-r branch, rounding aside, and needs no
+        ``int(active_rank)``: ``vmap`` runs it with a different rank per client."""
+        return self.alpha / self.active_rank
 
     def adapter(self, x: torch.Tensor) -> torch.Tensor:
         """Output of every low-rank branch (here the one shared pair)."""

@@ -13,7 +13,8 @@ import torch
 from pflbench import ClientProgram, ConfigError, OptimizerSpec, register_algorithm
 from pflbench.algorithms.fedavg import FedAvg
 from pflbench.config.run_config import RunConfig
-from pflbench.engine.vmap import contiguous_runs, unfused_attention
+from pflbench.engine.vmap import batchable_forms, contiguous_runs
+from pflbench.models.lora import LoRALinear
 from pflbench.engine.vmap_optim import FunctionalOptimizer
 from pflbench.runs.api import run_experiment
 from pflbench.runs.prepare import prepare
@@ -57,6 +58,8 @@ CASES = {
     "fedper_cnn": ("fedper", {"model": "cnn"}, {}),
     "fedavg_lora": ("fedavg", {"lora_rank": 2, "optimizer": "adam", "lr": 0.003}, {}),
     "fedsdg": ("fedsdg", {"optimizer": "adam", "lr": 0.01}, {}),
+    # per-client ranks 1 and 2 (zero-padded to 2, scaling α/r_k per client under vmap)
+    "flexlora_ranks": ("flexlora", {"optimizer": "adam", "lr": 0.01, "rounds": 2}, {"rank_dist": "1,2,1,2"}),
     # timm's ViT: its fused attention runs unfused under vmap (no batching rule), fused sequentially
     "fedavg_lora_vit": (
         "fedavg",
@@ -88,11 +91,34 @@ def test_attention_runs_unfused_inside_vmap_and_fused_again_after() -> None:
     assert all(m.fused_attn for m in model)  # timm's default where torch has the fused kernel
     x = torch.randn(3, 5, 8)
     fused = model(x)
-    with unfused_attention(model):
+    with batchable_forms(model):
         assert not any(m.fused_attn for m in model)
         unfused = model(x)
     assert all(m.fused_attn for m in model)
     torch.testing.assert_close(unfused, fused, rtol=1e-5, atol=1e-6)  # the same function
+
+
+def test_a_padded_lora_layer_is_its_active_rank_and_leaves_the_padding_at_zero() -> None:
+    torch.manual_seed(0)
+    layer = LoRALinear(torch.nn.Linear(6, 5), rank=3, alpha=4.0)
+    layer.set_active_rank(2)  # FlexLoRA: a rank-2 client on the rank-3 layer, factors padded with zeros
+    with torch.no_grad():
+        layer.lora_A[2:] = 0
+        layer.lora_B.normal_()
+        layer.lora_B[:, 2:] = 0
+    x = torch.randn(4, 6)
+    sliced = layer(x)  # A[:2], B[:, :2], s = 4/2
+    expected = layer.base(x) + 2.0 * x @ layer.lora_A[:2].T @ layer.lora_B[:, :2].T
+    torch.testing.assert_close(sliced, expected)
+    with batchable_forms(torch.nn.Sequential(layer)):
+        assert layer.padded
+        padded = layer(x)
+        padded.sum().backward()
+        delta = layer.delta_weight()
+    assert not layer.padded
+    torch.testing.assert_close(padded, sliced, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(delta, 2.0 * layer.lora_B[:, :2] @ layer.lora_A[:2])
+    assert not layer.lora_A.grad[2:].any() and not layer.lora_B.grad[:, 2:].any()  # the padding stays zero
 
 
 class CustomLoop(ClientProgram):
@@ -111,13 +137,12 @@ class CustomLoopAlgorithm(FedAvg):
         ({"algo": "test_vmap_custom_loop"}, "overrides local_update"),
         ({"model": "cnn_bn"}, "BatchNorm"),
         ({"model": "char_lstm", "dataset": "synthetic", "dataset_option": ("num_samples=200",)}, None),
-        ({"algo": "flexlora", "lora_rank": 2}, "cannot be stacked"),
     ],
 )
 def test_vmap_refuses_what_it_cannot_host_at_prepare(settings: dict, reason: str | None, tmp_path) -> None:
     config = dataclasses.replace(BASE, executor="vmap", out=str(tmp_path), **settings)
     with pytest.raises(ConfigError) as error:
-        prepare(config, {"rank_dist": "homo"} if settings.get("algo") == "flexlora" else {})
+        prepare(config)
     message = str(error.value)
     assert "\n" not in message and (reason is None or reason in message), message
 
