@@ -14,8 +14,8 @@ from pflbench import ClientProgram, ConfigError, OptimizerSpec, register_algorit
 from pflbench.algorithms.fedavg import FedAvg
 from pflbench.config.run_config import RunConfig
 from pflbench.engine.vmap import batchable_forms, contiguous_runs
-from pflbench.models.lora import LoRALinear
 from pflbench.engine.vmap_optim import FunctionalOptimizer
+from pflbench.models.lora import LoRALinear
 from pflbench.runs.api import run_experiment
 from pflbench.runs.prepare import prepare
 
