@@ -38,6 +38,11 @@ rounds: batch 64, 128, 320, 640 vs 32: medians 1.10×, 1.13×, 1.18×, 1.03×, b
 1.07×, 0.94×), so one backbone pass over every client's batch saves little or nothing, and the
 per-client low-rank products cost some of it back; the gain is on a GPU, where a batch of 32
 leaves the device idle.
+
+Measured on an H200 (2026-11-26, ``--device cuda --batches 4 --repeats 3 --vmap``, one run after
+vmap ran attention unfused): at 10, 20, 50 clients sequential / multi-adapter 4.30×, 9.12×,
+13.75× (loop / multi-adapter 2.90×, 6.73×, 10.68×), sequential / vmap 1.82×, 3.63×, 5.88×; the
+loop reaches under 1% of the GPU's 51 TFLOP/s fp32 matmul rate (launch-bound).
 """
 
 from __future__ import annotations
