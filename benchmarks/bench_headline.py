@@ -12,7 +12,7 @@ On a GPU, the one command (README "Speed"):
 The model is the headline job's (``config.lora.RUN_DEFAULTS``: a 6-block ViT, embed 64, on
 3×32×32 inputs, 100 classes); the data are random CIFAR-shaped images (throughput does not depend
 on pixel values), registered as the dataset ``bench_cifar100``. Stages, each timed as the best of
-``--repeats`` after one warm-up:
+``--repeats`` after one warm-up, the engine and the plain loop timed alternately:
 
 (a) pretraining: ``models.pretrain.train_centrally`` (one epoch of AdamW) vs a plain AdamW loop;
 (b) one client's local training (``--local-epochs`` over its train split): the engine's client job
@@ -70,9 +70,24 @@ def bench_cifar100() -> TensorDataset:
     return TensorDataset(inputs, labels, NUM_CLASSES, "random CIFAR-100-shaped images")
 
 
-def best_time(work: Callable[[], Any], repeats: int, device: torch.device) -> float:
+def best_pair(
+    engine: Callable[[], Any], plain: Callable[[], Any], repeats: int, device: torch.device
+) -> tuple[float, float]:
+    """Best wall times of ``engine`` and ``plain``, timed alternately (one warm-up each, then
+    ``repeats`` rounds of engine, plain): a change of the machine's load hits both sides alike,
+    so their ratio is steadier than that of two separate series."""
+    engine(), plain()
+    engine_times, plain_times = [], []
+    for _ in range(repeats):
+        engine_times.append(best_time(engine, 1, device, warm_up=False))
+        plain_times.append(best_time(plain, 1, device, warm_up=False))
+    return min(engine_times), min(plain_times)
+
+
+def best_time(work: Callable[[], Any], repeats: int, device: torch.device, warm_up: bool = True) -> float:
     """Best wall time of ``repeats`` calls after one warm-up (synchronised on CUDA)."""
-    work()
+    if warm_up:
+        work()
     times = []
     for _ in range(repeats):
         if device.type == "cuda":
@@ -183,15 +198,13 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         torch.manual_seed(0)
         return build_model(MODEL, dataset.input_shape, NUM_CLASSES, **MODEL_OPTIONS).to(device)
 
-    model = fresh_model()
-    engine = best_time(
-        lambda: train_centrally(model, data, 1, 1e-3, torch.Generator().manual_seed(0), precision), args.repeats, device
-    )
-    model = fresh_model()
+    engine_model, model = fresh_model(), fresh_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=PRETRAIN_WEIGHT_DECAY)
     indices = torch.as_tensor(public, device=device)
     generator = torch.Generator().manual_seed(0)
-    plain = best_time(  # pretraining's own batch size (PRETRAIN_BATCH_SIZE), as train_centrally
+    engine, plain = best_pair(
+        lambda: train_centrally(engine_model, data, 1, 1e-3, torch.Generator().manual_seed(0), precision),
+        # pretraining's own batch size (PRETRAIN_BATCH_SIZE), as train_centrally
         lambda: plain_epoch(model, data, indices, PRETRAIN_BATCH_SIZE, optimizer, generator, precision),
         args.repeats,
         device,
@@ -204,7 +217,6 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     harness = Harness(prepare(run_config("fedavg", args, lora_rank=8, lr=1e-3, optimizer="adam")))
     client = int(np.argmax(harness.data.num_train))
     samples = harness.data.num_train[client] * args.local_epochs
-    engine = best_time(lambda: harness.train_client(client, harness.broadcast(client)), args.repeats, device)
     sdg = Harness(prepare(run_config("fedsdg", args)))
     fedsdg = best_time(lambda: sdg.train_client(client, sdg.broadcast(client)), args.repeats, device)
     model = harness.model
@@ -216,7 +228,9 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         for _ in range(args.local_epochs):
             plain_epoch(model, harness.data, own, batch, optimizer, generator, precision)
 
-    plain = best_time(plain_client, args.repeats, device)
+    engine, plain = best_pair(
+        lambda: harness.train_client(client, harness.broadcast(client)), plain_client, args.repeats, device
+    )
     inputs, targets = harness.data.gather(own[:batch])
     lora_flops = flops_per_sample(model, inputs, targets, train=True)
     result["local_training"] = stage_line("(b) one client, LoRA FedAvg", samples, engine, plain, lora_flops, rate)
@@ -225,8 +239,12 @@ def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
 
     # (c) evaluation of every client's test split
     everyone = torch.cat(harness.data.test_indices)
-    engine = best_time(lambda: harness.evaluate(), args.repeats, device)
-    plain = best_time(lambda: plain_evaluation(harness.model, harness.data, everyone, precision), args.repeats, device)
+    engine, plain = best_pair(
+        lambda: harness.evaluate(),
+        lambda: plain_evaluation(harness.model, harness.data, everyone, precision),
+        args.repeats,
+        device,
+    )
     eval_flops = flops_per_sample(harness.model, *harness.data.gather(everyone[:256]), train=False)
     result["evaluation"] = stage_line("(c) evaluation", len(everyone), engine, plain, eval_flops, rate)
     return result
