@@ -32,12 +32,14 @@ from pflbench.engine.attacks import (
 )
 from pflbench.engine.executor import make_executor
 from pflbench.engine.privacy import check_privacy, check_private_algorithm
+from pflbench.engine.vmap import unsupported_reason
 from pflbench.errors import ConfigError
 from pflbench.models.pretrain import initial_weights, load_initial_weights
 from pflbench.models.zoo import build_model, check_model_name
 from pflbench.registry import ALGORITHMS
 from pflbench.runs.prepared import PreparedRun
 from pflbench.runs.trackers import check_trackers
+from pflbench.util import progress
 from pflbench.util.precision import check_precision
 from pflbench.util.seeding import derive_seed
 from pflbench.util.threads import apply_threads, resolved_threads
@@ -224,4 +226,22 @@ def prepare(
     check = getattr(executor, "check_algorithm", None)
     if check is not None:  # an executor refuses what it cannot host now, not mid-run
         check(algorithm)
+    tip = vmap_tip(config, algorithm, model, device)
+    if tip is not None:
+        progress.note(tip)
     return PreparedRun(config, algorithm, executor, split, dataset, data, run_dir, resolved)
+
+
+def vmap_tip(config: RunConfig, algorithm: Algorithm, model: torch.nn.Module, device: torch.device) -> str | None:
+    """One line for a run on a GPU, one client after another, that ``--executor vmap`` could host:
+    there one client's small batches leave the device idle, and batching the clients pays
+    (measured on an H200: the headline job's round 5.9× faster). Not a silent switch: vmap's
+    numbers match sequential's only to rounding, so it is a different run (folder)."""
+    if device.type != "cuda" or config.executor != "sequential" or config.sampled_per_round < 2:
+        return None
+    if unsupported_reason(algorithm, model) is not None:
+        return None
+    return (
+        f"tip: --executor vmap trains the {config.sampled_per_round} clients of a round together on the GPU "
+        "(the headline job: a round 5.9x faster on an H200); the same numbers to rounding, in a run folder of its own"
+    )
