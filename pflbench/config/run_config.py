@@ -764,6 +764,30 @@ def check_quantity_and_shift(config: RunConfig) -> None:
         raise ConfigError(f"--shift-groups must be 0 (one domain per client) or ≥ 2 domains, got {config.shift_groups}")
 
 
+def recorded_fields(record: dict[str, Any]) -> dict[str, Any]:
+    """The ``RunConfig`` fields a recorded config (``config.json``, ``models/meta.json``'s build)
+    holds, JSON lists back to tuples: fields added since are absent (they keep their defaults,
+    or the caller sets what runs before them did), fields removed since are ignored."""
+    hints = field_types(RunConfig)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(RunConfig):
+        if f.name in record:
+            value = record[f.name]
+            if typing.get_origin(hints[f.name]) is tuple and value is not None:
+                value = tuple(value)
+            values[f.name] = value
+    return values
+
+
+def recorded_options(values: dict[str, Any]) -> dict[str, Any]:
+    """Recorded algorithm hyperparameters, JSON lists (nested too) back to tuples."""
+    return {name: _tuples(value) for name, value in values.items()}
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
 def field_types(cls: type) -> dict[str, Any]:
     """Resolved type hints of a dataclass's fields (annotations are strings here)."""
     return typing.get_type_hints(cls)

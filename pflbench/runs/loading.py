@@ -19,7 +19,6 @@ algorithm's model needs its file: ``plugins=("my_algo.py",)``.
 from __future__ import annotations
 
 import dataclasses
-import typing
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pflbench.config.run_config import RunConfig, field_types, hyperparameters_from
+from pflbench.config.run_config import RunConfig, hyperparameters_from, recorded_fields, recorded_options
 from pflbench.errors import ConfigError
 from pflbench.models.preprocessing import InputTransform
 from pflbench.models.saving import load_model_state, read_models_meta
@@ -58,31 +57,13 @@ class LoadedModel:
         return self.model(self.transform(torch.as_tensor(raw_inputs).to(device))).argmax(dim=1)
 
 
-def config_from_record(values: dict[str, Any]) -> RunConfig:
-    """A ``RunConfig`` from its recorded fields (lists back to tuples; fields added since keep
-    their defaults, fields removed since are ignored)."""
-    hints = field_types(RunConfig)
-    known: dict[str, Any] = {}
-    for f in dataclasses.fields(RunConfig):
-        if f.name in values:
-            value = values[f.name]
-            if typing.get_origin(hints[f.name]) is tuple and value is not None:
-                value = tuple(value)
-            known[f.name] = value
-    return RunConfig(**known)
-
-
-def _tuples(value: Any) -> Any:
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
-
-
 def build_saved_model(meta: dict[str, Any]) -> nn.Module:
     """The run's model with its initial structure (weights to be loaded), from meta ``build``."""
-    config = config_from_record(meta["build"]["config"])
+    config = RunConfig(**recorded_fields(meta["build"]["config"]))
     if config.model is None:
         raise ConfigError("models/meta.json names no model (build.config.model is null)")
     algorithm_class = ALGORITHMS.get(config.algo)
-    options = {k: _tuples(v) for k, v in (meta["build"].get("algo_hparams") or {}).items()}
+    options = recorded_options(meta["build"].get("algo_hparams") or {})
     hparams = hyperparameters_from(algorithm_class.hyperparameters, options, config.algo)
     with torch.random.fork_rng(devices=[]):  # building draws initial weights: not the caller's stream
         model = build_model(

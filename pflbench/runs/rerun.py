@@ -21,11 +21,10 @@ import dataclasses
 import hashlib
 import math
 import time
-import typing
 from pathlib import Path
 from typing import Any
 
-from pflbench.config.run_config import VALUE_BEFORE_ADDED, RunConfig, field_types
+from pflbench.config.run_config import VALUE_BEFORE_ADDED, RunConfig, field_types, recorded_fields, recorded_options
 from pflbench.config.value_types import json_kind, type_error
 from pflbench.errors import ConfigError
 from pflbench.registry import ALGORITHMS, load_plugin_file
@@ -59,13 +58,6 @@ class RecordedRun:
         """The recorded ``{"path", "sha256", "copy"}`` of each plugin file ([] before code records)."""
         files = (self.code or {}).get("plugin_files")
         return [f for f in files if isinstance(f, dict)] if isinstance(files, list) else []
-
-
-def _tuples(value: Any) -> Any:
-    """JSON lists back to the tuples the dataclasses hold."""
-    if isinstance(value, list):
-        return tuple(_tuples(v) for v in value)
-    return value
 
 
 # Settings every config.json has recorded since the first: a file without one is damaged (a
@@ -130,14 +122,7 @@ def read_recorded_run(run_dir: str | Path) -> RecordedRun:
     except ValueError as error:
         raise ConfigError(f"cannot read {path}: {error}") from None
     check_recorded(record, path)
-    hints = field_types(RunConfig)
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(RunConfig):
-        if f.name in record:
-            value = record[f.name]
-            if typing.get_origin(hints[f.name]) is tuple and value is not None:
-                value = tuple(value)
-            values[f.name] = value
+    values = recorded_fields(record)
     # settings added after the run was made keep their defaults (e.g. save_model, log), except
     # those whose default differs from what runs before them did (no validation split then)
     for name, value in VALUE_BEFORE_ADDED.items():
@@ -147,7 +132,7 @@ def read_recorded_run(run_dir: str | Path) -> RecordedRun:
     except TypeError as error:
         raise ConfigError(f"{path}: {error}") from None
     hyperparameters = record.get("algo_hparams") or {}
-    options = {k: _tuples(v) for k, v in hyperparameters.items()}
+    options = recorded_options(hyperparameters)
     code = record.get("code")
     plugins = tuple(record.get("plugins") or ())
     recorded = RecordedRun(run_dir, config, options, plugins, record.get("identity_hash"), code)
