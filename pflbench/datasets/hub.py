@@ -1,12 +1,22 @@
-"""MNIST, Fashion-MNIST, CIFAR-10 and CIFAR-100 from the Hugging Face Hub or a local copy.
+"""MNIST, Fashion-MNIST, CIFAR-10, CIFAR-100 and SVHN from the Hugging Face Hub or a local copy.
 
-Each loader pools all of the dataset's splits (train + test) into one ``TensorDataset``.
+Each loader pools all of the dataset's splits (train + test) into one ``TensorDataset`` (SVHN:
+train + test, its ``extra`` split only with the option ``extra=true``).
 ``data_dir`` names a local copy, in either of two forms:
 
 * a clone of the hub repository (``git clone https://huggingface.co/datasets/<hub id>`` with
   git-lfs), or any folder of its parquet files; it is passed as the path to
   ``datasets.load_dataset``;
 * a folder written by ``datasets.load_dataset(<hub id>).save_to_disk(folder)``.
+
+A hub dataset with several configs (SVHN: ``cropped_digits`` and ``full_numbers``) names the one
+to load in ``HubSource.config``; it is passed as ``name`` to ``datasets.load_dataset`` for the hub
+id and for a clone whose README declares configs (the hub repository's ``configs:`` metadata).
+A folder that declares none is taken as that config's files: its subfolder ``<config>/`` if there
+is one (the hub layout, e.g. ``cropped_digits/train-00000-of-00001.parquet``), else the folder
+itself; shards named ``<split>-NNNNN-of-NNNNN.parquet`` give their split names (so SVHN's
+``extra`` is found, which Hugging Face's default file patterns do not know). A ``save_to_disk``
+folder holds one config already and is loaded as it is.
 
 Without ``data_dir`` the hub id is loaded through Hugging Face's own cache (``HF_HOME`` /
 ``HF_DATASETS_CACHE``). With ``HF_HUB_OFFLINE=1`` only that cache is read; otherwise the hub is
@@ -21,6 +31,7 @@ about a second, and every pflbench command imports the dataset plugins.
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +64,7 @@ class HubSource:
     hub_id: str
     image_column: str
     label_column: str
+    config: str | None = None  # the hub dataset's config (``name`` of ``datasets.load_dataset``)
 
 
 # ----------------------------------------------------------------------------- shared helpers
@@ -148,9 +160,10 @@ def require_columns(available: Sequence[str], wanted: Sequence[str], where: str)
 
 
 def _how_to_get(source: HubSource) -> str:
+    config = f", '{source.config}'" if source.config else ""
     return (
         f'download it on a machine with network: python -c "import datasets; '
-        f"datasets.load_dataset('{source.hub_id}').save_to_disk('{source.name}')\" and pass "
+        f"datasets.load_dataset('{source.hub_id}'{config}).save_to_disk('{source.name}')\" and pass "
         f"--data-dir {source.name}, or git clone (with git-lfs) "
         f"https://huggingface.co/datasets/{source.hub_id} and pass --data-dir PATH"
     )
@@ -158,8 +171,9 @@ def _how_to_get(source: HubSource) -> str:
 
 def _unavailable(source: HubSource, reason: str) -> ConfigError:
     reason = " ".join(reason.split())
+    config = f", config {source.config}" if source.config else ""
     return ConfigError(
-        f"dataset {source.name!r} (hub id {source.hub_id}) is not available: {reason}; {_how_to_get(source)}"
+        f"dataset {source.name!r} (hub id {source.hub_id}{config}) is not available: {reason}; {_how_to_get(source)}"
     )
 
 
@@ -194,7 +208,7 @@ def _from_hub(source: HubSource) -> dict[str, datasets.Dataset]:
             "the Hugging Face cache)",
         )
     try:
-        return _as_splits(datasets.load_dataset(source.hub_id))
+        return _as_splits(datasets.load_dataset(source.hub_id, source.config))
     except ConnectionError as error:  # offline (or the network dropped) and not cached
         raise _unavailable(source, str(error)) from error
 
@@ -209,10 +223,46 @@ def _from_local_copy(source: HubSource, path: Path) -> dict[str, datasets.Datase
         return _as_splits(datasets.load_from_disk(str(path)))
     reject_lfs_pointers(sorted(path.rglob("*.parquet")))
     try:
-        return _as_splits(datasets.load_dataset(str(path)))
+        if source.config is None:
+            return _as_splits(datasets.load_dataset(str(path)))
+        return _config_from_local_copy(source, source.config, path)
     except FileNotFoundError as error:  # EmptyDatasetError, DataFilesNotFoundError
         reason = f"data_dir {str(path)!r} holds no data files ({error})"
         raise _unavailable(source, reason) from error
+
+
+def _config_from_local_copy(source: HubSource, config: str, path: Path) -> dict[str, datasets.Dataset]:
+    """Config ``config`` of a clone (README ``configs:``) or of a folder of its files."""
+    import datasets
+
+    declared = datasets.get_dataset_config_names(str(path))
+    if declared != ["default"]:  # the README's configs: metadata, as in the hub repository
+        if config not in declared:
+            reason = f"data_dir {str(path)!r} declares the configs {', '.join(declared)}, not {config!r}"
+            raise _unavailable(source, reason)
+        return _as_splits(datasets.load_dataset(str(path), config))
+    folder = path / config if (path / config).is_dir() else path
+    return _as_splits(datasets.load_dataset(str(folder), data_files=_sharded_splits(folder)))
+
+
+_SHARD = re.compile(r"(?P<split>\w+?)-\d{5}-of-\d{5}\.parquet")
+_SPLIT_ORDER = ("train", "validation", "test")
+
+
+def _sharded_splits(folder: Path) -> dict[str, list[str]] | None:
+    """The hub's shard names ``<split>-NNNNN-of-NNNNN.parquet`` directly in ``folder`` → their
+    files per split (train, validation, test first); None (Hugging Face's own file patterns) if
+    any parquet file there is named otherwise, or there is none."""
+    files = sorted(folder.glob("*.parquet"))
+    matches = [_SHARD.fullmatch(file.name) for file in files]
+    if not files or not all(matches):
+        return None
+    splits: dict[str, list[str]] = {}
+    for match, file in zip(matches, files):
+        assert match is not None
+        splits.setdefault(match["split"], []).append(str(file))
+    rank = {split: index for index, split in enumerate(_SPLIT_ORDER)}
+    return {split: splits[split] for split in sorted(splits, key=lambda split: (rank.get(split, len(rank)), split))}
 
 
 # ----------------------------------------------------------------------------- the loaders
@@ -242,10 +292,11 @@ def _pool(splits: dict[str, datasets.Dataset], image_column: str, label_column: 
 
 def hub_splits(source: HubSource, data_dir: str | None) -> tuple[dict[str, datasets.Dataset], str]:
     """The splits of ``source`` (hub cache, or the local copy ``data_dir``) and their origin."""
+    hub_id = f"{source.hub_id}, config {source.config}" if source.config else source.hub_id
     if data_dir is None:
-        return _from_hub(source), f"Hugging Face hub {source.hub_id}"
+        return _from_hub(source), f"Hugging Face hub {hub_id}"
     path = Path(data_dir).expanduser().resolve()
-    return _from_local_copy(source, path), f"{path} (local copy of {source.hub_id})"
+    return _from_local_copy(source, path), f"{path} (local copy of {hub_id})"
 
 
 def load_hub_dataset(source: HubSource, data_dir: str | None, label_column: str | None = None) -> TensorDataset:
@@ -259,6 +310,9 @@ FASHION_MNIST = HubSource("fashion_mnist", "zalando-datasets/fashion_mnist", "im
 CIFAR10 = HubSource("cifar10", "uoft-cs/cifar10", "img", "label")
 CIFAR100 = HubSource("cifar100", "uoft-cs/cifar100", "img", "fine_label")
 CIFAR100_LABELS = {"fine": "fine_label", "coarse": "coarse_label"}
+SVHN = HubSource("svhn", "ufldl-stanford/svhn", "image", "label", config="cropped_digits")
+SVHN_EXTRA_SPLIT = "extra"
+TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
 @register_dataset("mnist")
@@ -285,3 +339,36 @@ def cifar100(data_dir: str | None = None, label: str = "fine") -> TensorDataset:
     if label not in CIFAR100_LABELS:
         raise ConfigError(f"cifar100 option label must be one of {', '.join(CIFAR100_LABELS)}, got {label!r}")
     return load_hub_dataset(CIFAR100, data_dir, CIFAR100_LABELS[label])
+
+
+def _flag(value: bool | int | str, what: str) -> bool:
+    """A yes/no dataset option: a bool, 1/0, or true/false, yes/no, on/off (any case)."""
+    text = str(value).strip().lower()
+    if text in TRUE_WORDS:
+        return True
+    if text in FALSE_WORDS:
+        return False
+    choices = f"{' or '.join(words[0] for words in (TRUE_WORDS, FALSE_WORDS))} (or {', '.join(TRUE_WORDS[1:] + FALSE_WORDS[1:])})"
+    raise ConfigError(f"{what} must be {choices}, got {value!r}")
+
+
+@register_dataset("svhn")
+def svhn(data_dir: str | None = None, extra: bool | int | str = False) -> TensorDataset:
+    """SVHN (ufldl-stanford/svhn, config cropped_digits): 32×32 RGB house-number digits, 10 classes.
+
+    Pools train + test (73,257 + 26,032 = 99,289 images), as the usual FL benchmarks do;
+    extra=true adds the 531,131 "extra" images (630,420 in all).
+
+    The hub dataset and a clone of it hold all three splits; Hugging Face prepares them all in its
+    cache even when extra is not used (the decoded tensors, cached by pflbench, hold only those used).
+    """
+    include_extra = _flag(extra, "svhn option extra")
+    splits, origin = hub_splits(SVHN, data_dir)
+    if include_extra and SVHN_EXTRA_SPLIT not in splits:
+        raise ConfigError(
+            f"svhn option extra=true: {origin} has no split {SVHN_EXTRA_SPLIT!r} (its splits: {', '.join(splits)})"
+        )
+    chosen = {name: split for name, split in splits.items() if include_extra or name != SVHN_EXTRA_SPLIT}
+    if not chosen:
+        raise ConfigError(f"svhn: {origin} holds only the split {SVHN_EXTRA_SPLIT!r}; pass --dataset-option extra=true")
+    return _pool(chosen, SVHN.image_column, SVHN.label_column, origin)
