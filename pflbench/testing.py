@@ -6,14 +6,21 @@ model, and see what travelled (``TrafficObserver``)."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from pflbench.config.run_config import RunConfig
+from pflbench.data.dataset import FederatedData, TensorDataset
 from pflbench.engine import ClientJob, ClientUpdate, Federation, Observer, Tensors, load_into
 from pflbench.engine.observers import RoundCallback
+from pflbench.models.zoo import MLP
 from pflbench.util.seeding import derive_seed
 
 # Settings an algorithm needs beyond the shared ones in the tests' tiny runs: FedBN keeps BatchNorm
@@ -138,3 +145,88 @@ class Harness:
         observer = TrafficObserver()
         self.observers.append(observer)
         return observer
+
+
+# ---- tiny pieces for hand-computed tests ----------------------------------------------------------
+# What ``RunConfig(algo=..., **RESOLVED)`` needs for an algorithm built by hand around ``tiny_model()``.
+RESOLVED: dict[str, Any] = {"lr": 0.1, "optimizer": "sgd", "max_grad_norm": 0.0, "public_frac": 0.0, "model": "mlp"}
+
+
+def tiny_data(samples: int = 12, features: int = 4, classes: int = 3) -> FederatedData:
+    """One client holding every sample for training and testing: seeded random features, labels
+    ``0, 1, ..., classes - 1`` in turn."""
+    generator = torch.Generator().manual_seed(0)
+    dataset = TensorDataset(
+        torch.randn(samples, features, generator=generator), torch.arange(samples) % classes, classes, "test"
+    )
+    everyone = np.arange(samples)
+    return FederatedData(dataset, [everyone], [everyone], torch.device("cpu"))
+
+
+def tiny_model() -> MLP:
+    """A 4 → 5 → 3 MLP drawn after ``torch.manual_seed(0)`` (the same weights on every call)."""
+    torch.manual_seed(0)
+    return MLP((4,), 3, hidden=5)
+
+
+def tiny_run(algo: str, out: Path, **settings: Any) -> RunConfig:
+    """One round of ``algo`` on digits with an MLP, 3 clients, Adam at lr 0.01, written under ``out``."""
+    return RunConfig(
+        algo=algo,
+        dataset="digits",
+        model="mlp",
+        num_clients=3,
+        rounds=1,
+        optimizer="adam",
+        lr=0.01,
+        out=str(out),
+        **settings,
+    )
+
+
+# ---- kill and resume ------------------------------------------------------------------------------
+def killed_after_round(after_round: int, run: Callable[[], object]) -> None:
+    """Call ``run()`` (a run, a sweep, a CLI invoke) in a forked child that SIGKILLs itself after
+    round ``after_round`` (the ``PFLBENCH_TEST_KILL_AFTER_ROUND`` hook); fail unless it died so."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            torch.set_num_threads(1)
+            os.environ["PFLBENCH_TEST_KILL_AFTER_ROUND"] = str(after_round)
+            run()
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"wait status {status}"
+
+
+def killed_and_resumed(
+    run: Callable[..., dict[str, Any]], config: Callable[[Path], Any], folder: Path, after_round: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``run(config(folder / "killed"))`` SIGKILLed after round ``after_round`` (see
+    ``killed_after_round``) and resumed (``resume=True``), then ``run(config(folder / "whole"))``
+    uninterrupted: the two summaries, (resumed, whole). ``run`` is ``pflbench.runs.api.run_experiment``
+    or a wrapper of it (this module sits beside ``pflbench.runs`` and does not import it)."""
+    killed_after_round(after_round, lambda: run(config(folder / "killed")))
+    resumed = run(config(folder / "killed"), resume=True)
+    return resumed, run(config(folder / "whole"))
+
+
+ROUND_TIMINGS = ("round_time_s", "eval_time_s", "peak_mem_mb")
+
+
+def round_numbers(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The records of a finished run's ``rounds.jsonl`` (its folder is ``summary["run_dir"]``) less
+    the timings (``ROUND_TIMINGS``): what a resumed run and an uninterrupted one must share."""
+    lines = (Path(summary["run_dir"]) / "rounds.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in ROUND_TIMINGS} for line in lines]
+
+
+# ---- CLI refusals ---------------------------------------------------------------------------------
+def assert_refused(result: Any, out: Path, expected: str) -> None:
+    """A ``CliRunner`` result of bad input: exit code 2, one output line (``Error: ...``) that
+    contains ``expected``, and nothing written under ``out``."""
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and expected in lines[0], result.output
+    assert not out.exists(), f"{out} was written"

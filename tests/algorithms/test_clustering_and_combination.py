@@ -52,15 +52,9 @@ from pflbench.errors import ConfigError
 from pflbench.models.zoo import MLP
 from pflbench.runs.api import run_experiment
 from pflbench.runs.prepare import prepare
-from pflbench.testing import Harness
+from pflbench.testing import RESOLVED, Harness, tiny_model
 
-RESOLVED = {"lr": 0.1, "optimizer": "sgd", "max_grad_norm": 0.0, "public_frac": 0.0, "model": "mlp"}
 ALGOS = ("ifca", "fedfomo", "fedamp", "fedas")
-
-
-def tiny_model() -> MLP:
-    torch.manual_seed(0)
-    return MLP((4,), 3, hidden=5)
 
 
 def tiny_run(algo: str, out: Path, **settings) -> RunConfig:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -34,28 +33,12 @@ from pflbench.algorithms.scaffold import (
 )
 from pflbench.algorithms.scaffold import server_update as scaffold_server_update
 from pflbench.config.run_config import RunConfig
-from pflbench.data.dataset import FederatedData, TensorDataset
 from pflbench.engine import ClientJob, NoHyperparameters, SequentialExecutor
 from pflbench.errors import ConfigError
-from pflbench.models.zoo import MLP, BatchNormCNN
+from pflbench.models.zoo import BatchNormCNN
 from pflbench.runs.execute import execute
 from pflbench.runs.prepare import prepare
-
-RESOLVED = {"lr": 0.1, "optimizer": "sgd", "max_grad_norm": 0.0, "public_frac": 0.0, "model": "mlp"}
-
-
-def tiny_data(samples: int = 12, features: int = 4, classes: int = 3) -> FederatedData:
-    generator = torch.Generator().manual_seed(0)
-    dataset = TensorDataset(
-        torch.randn(samples, features, generator=generator), torch.arange(samples) % classes, classes, "test"
-    )
-    everyone = np.arange(samples)
-    return FederatedData(dataset, [everyone], [everyone], torch.device("cpu"))
-
-
-def tiny_model() -> MLP:
-    torch.manual_seed(0)
-    return MLP((4,), 3, hidden=5)
+from pflbench.testing import RESOLVED, tiny_data, tiny_model
 
 
 # ---- FedBN ---------------------------------------------------------------------------------

@@ -31,26 +31,11 @@ from pflbench.algorithms.gpfl import (
     squared_norm,
     valve,
 )
-from pflbench.config.run_config import RunConfig
 from pflbench.errors import ConfigError
 from pflbench.runs.prepare import prepare
-from pflbench.testing import Harness
+from pflbench.testing import Harness, tiny_run
 
 LN3 = math.log(3.0)
-
-
-def tiny_run(algo: str, out: Path, **settings) -> RunConfig:
-    return RunConfig(
-        algo=algo,
-        dataset="digits",
-        model="mlp",
-        num_clients=3,
-        rounds=1,
-        optimizer="adam",
-        lr=0.01,
-        out=str(out),
-        **settings,
-    )
 
 
 # ---- FedCP: formulas ---------------------------------------------------------------------

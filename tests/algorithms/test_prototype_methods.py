@@ -53,22 +53,7 @@ from pflbench.engine.types import tensor_bytes
 from pflbench.errors import ConfigError
 from pflbench.models.zoo import MLP
 from pflbench.runs.prepare import prepare
-
-RESOLVED = {"lr": 0.1, "optimizer": "sgd", "max_grad_norm": 0.0, "public_frac": 0.0, "model": "mlp"}
-
-
-def tiny_data(samples: int = 12, features: int = 4, classes: int = 3) -> FederatedData:
-    generator = torch.Generator().manual_seed(0)
-    dataset = TensorDataset(
-        torch.randn(samples, features, generator=generator), torch.arange(samples) % classes, classes, "test"
-    )
-    everyone = np.arange(samples)
-    return FederatedData(dataset, [everyone], [everyone], torch.device("cpu"))
-
-
-def tiny_model() -> MLP:
-    torch.manual_seed(0)
-    return MLP((4,), 3, hidden=5)
+from pflbench.testing import RESOLVED, tiny_data, tiny_model, tiny_run
 
 
 def body(model: MLP, inputs: torch.Tensor) -> torch.Tensor:
@@ -337,20 +322,6 @@ def test_feddbe_first_round_initialises_the_global_mean_then_trains_the_prbm() -
 
 
 # ---- refusals ------------------------------------------------------------------------------
-def tiny_run(algo: str, out: Path, **settings) -> RunConfig:
-    return RunConfig(
-        algo=algo,
-        dataset="digits",
-        model="mlp",
-        num_clients=3,
-        rounds=1,
-        optimizer="adam",
-        lr=0.01,
-        out=str(out),
-        **settings,
-    )
-
-
 @pytest.mark.parametrize("algo", ["fedproto", "fedpac", "feddbe"])
 def test_vmap_and_other_head_layers_are_refused_in_one_line(algo: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="vmap") as error:

@@ -5,9 +5,8 @@ hand or by an independent torch routine."""
 
 from __future__ import annotations
 
+import functools
 import json
-import os
-import signal
 
 import pytest
 import torch
@@ -28,6 +27,7 @@ from pflbench.errors import ConfigError
 from pflbench.models.zoo import build_model
 from pflbench.runs.api import run_experiment
 from pflbench.runs.prepare import prepare
+from pflbench.testing import killed_and_resumed
 
 TINY = {"dataset": "digits", "model": "mlp", "num_clients": 3, "rounds": 2, "backbone": "random", "val_frac": 0.0}
 
@@ -232,18 +232,9 @@ def test_lgfedavg_warm_start_survives_a_kill_and_resume(tmp_path):
             out=str(out),
         )
 
-    pid = os.fork()
-    if pid == 0:  # the child SIGKILLs itself after round 3 (past the checkpoint of round 2)
-        try:
-            torch.set_num_threads(1)
-            os.environ["PFLBENCH_TEST_KILL_AFTER_ROUND"] = "3"
-            run_experiment(config(tmp_path / "killed"), options)
-        finally:
-            os._exit(3)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-    resumed = run_experiment(config(tmp_path / "killed"), options, resume=True)
-    whole = run_experiment(config(tmp_path / "whole"), options)
+    # killed after round 3 (past the checkpoint of round 2)
+    run = functools.partial(run_experiment, algo_options=options)
+    resumed, whole = killed_and_resumed(run, config, tmp_path, after_round=3)
     timing = {k for k in whole if "time" in k or k in ("run_dir", "peak_mem_mb", "checkpoints_written")}
     assert {k: v for k, v in resumed.items() if k not in timing} == {k: v for k, v in whole.items() if k not in timing}
     assert resumed["new_acc"] == whole["new_acc"]

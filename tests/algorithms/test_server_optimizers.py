@@ -6,8 +6,6 @@ killed and resumed FedAdam run equal to a whole one."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -35,7 +33,7 @@ from pflbench.errors import ConfigError
 from pflbench.runs.api import run_experiment
 from pflbench.runs.prepare import prepare
 from pflbench.store.layout import CHECKPOINT_FILE
-from pflbench.testing import Harness
+from pflbench.testing import Harness, killed_after_round
 
 
 def t(*values: float) -> torch.Tensor:
@@ -279,16 +277,8 @@ def test_killed_and_resumed_fedadam_equals_a_whole_run(tmp_path: Path) -> None:
     def config(out: Path) -> RunConfig:
         return tiny("fedadam", out, num_clients=3, rounds=4, checkpoint_every=2, frac=0.67)
 
-    pid = os.fork()
-    if pid == 0:  # the child SIGKILLs itself after round 3 (the checkpoint is at round 2)
-        try:
-            torch.set_num_threads(1)
-            os.environ["PFLBENCH_TEST_KILL_AFTER_ROUND"] = "3"
-            run_experiment(config(tmp_path / "killed"))
-        finally:
-            os._exit(3)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    # the checkpoint is at round 2
+    killed_after_round(3, lambda: run_experiment(config(tmp_path / "killed")))
     (work,) = [p for p in (tmp_path / "killed" / "runs").iterdir() if p.name.startswith(".tmp-")]
     assert (work / CHECKPOINT_FILE).is_file()
     summary = run_experiment(config(tmp_path / "killed"), resume=True)

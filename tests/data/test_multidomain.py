@@ -440,26 +440,14 @@ def _records(out: Path) -> tuple[list[dict], dict]:
 
 
 def test_a_killed_held_out_domain_run_resumes_to_the_same_ood_acc(tmp_path: Path) -> None:
-    import os
-    import signal
-
     from pflbench.runs.api import run_experiment
+    from pflbench.testing import killed_and_resumed
 
     def config(out: Path) -> RunConfig:
         return pacs_config(out, algo="fedper", rounds=4, checkpoint_every=2)
 
-    pid = os.fork()
-    if pid == 0:  # the child SIGKILLs itself after round 3 (after the round-2 checkpoint)
-        try:
-            torch.set_num_threads(1)
-            os.environ["PFLBENCH_TEST_KILL_AFTER_ROUND"] = "3"
-            run_experiment(config(tmp_path / "killed"))
-        finally:
-            os._exit(3)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-    run_experiment(config(tmp_path / "killed"), resume=True)
-    run_experiment(config(tmp_path / "whole"))
+    # killed after round 3 (after the round-2 checkpoint)
+    killed_and_resumed(run_experiment, config, tmp_path, after_round=3)
     resumed = _records(tmp_path / "killed")
     assert resumed == _records(tmp_path / "whole") and [r["round"] for r in resumed[0]] == [1, 2, 3, 4]
     assert all("ood_acc" in r for r in resumed[0]) and "ood_acc" in resumed[1]

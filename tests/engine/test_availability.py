@@ -7,8 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +36,7 @@ from pflbench.registry import ALGORITHMS
 from pflbench.report.targets import MB, ROUNDS, SIM_TIME, Target, target_values
 from pflbench.runs.api import run_experiment
 from pflbench.runs.prepare import prepare
-from pflbench.testing import Harness
+from pflbench.testing import Harness, assert_refused, killed_and_resumed, round_numbers
 
 TINY = dict(dataset="digits", model="mlp", num_clients=4, rounds=2, optimizer="adam", lr=0.01, backbone="random")
 
@@ -279,25 +277,10 @@ def test_killed_run_resumes_with_the_same_draws(tmp_path: Path) -> None:
         deadline_policy="partial",
         over_select=0.34,
     )
-    pid = os.fork()
-    if pid == 0:
-        try:
-            torch.set_num_threads(1)
-            os.environ["PFLBENCH_TEST_KILL_AFTER_ROUND"] = "3"
-            run_experiment(RunConfig(out=str(tmp_path / "killed"), **settings))
-        finally:
-            os._exit(3)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-    resumed = run_experiment(RunConfig(out=str(tmp_path / "killed"), **settings), resume=True)
-    whole = run_experiment(RunConfig(out=str(tmp_path / "whole"), **settings))
-
-    def numbers(summary: dict) -> list[dict]:
-        lines = (Path(summary["run_dir"]) / "rounds.jsonl").read_text().splitlines()
-        timing = ("round_time_s", "eval_time_s", "peak_mem_mb")
-        return [{k: v for k, v in json.loads(line).items() if k not in timing} for line in lines]
-
-    assert numbers(resumed) == numbers(whole)
+    resumed, whole = killed_and_resumed(
+        run_experiment, lambda out: RunConfig(out=str(out), **settings), tmp_path, after_round=3
+    )
+    assert round_numbers(resumed) == round_numbers(whole)
     assert resumed["sim_time_total"] == whole["sim_time_total"] > 0
 
 
@@ -316,10 +299,7 @@ def test_bad_values_are_one_error_line_and_nothing_written(
     option: str, value: str, message: str, tmp_path: Path
 ) -> None:
     result = CliRunner().invoke(cli, ["run", "--model", "mlp", "--out", str(tmp_path / "out"), option, value])
-    assert result.exit_code == 2
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0]
-    assert not (tmp_path / "out").exists()
+    assert_refused(result, tmp_path / "out", message)
 
 
 def test_settings_that_would_be_ignored_are_refused(tmp_path: Path) -> None:

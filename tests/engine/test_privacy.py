@@ -8,8 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,14 +41,13 @@ from pflbench.errors import ConfigError
 from pflbench.registry import ALGORITHMS
 from pflbench.runs.api import run_experiment
 from pflbench.runs.prepare import plan_run, prepare
-from pflbench.testing import Harness
+from pflbench.testing import Harness, assert_refused, killed_and_resumed, round_numbers
 from pflbench.util.seeding import derive_seed
 
 opacus = pytest.importorskip("opacus", reason="the accountant needs Opacus (pip install 'pflbench[dp]')")
 from opacus.accountants import RDPAccountant  # noqa: E402
 
 TINY = dict(dataset="digits", model="mlp", num_clients=4, rounds=2, optimizer="adam", lr=0.01, backbone="random")
-TIMES = ("round_time_s", "eval_time_s", "peak_mem_mb")
 
 
 # ---- the math, by hand ---------------------------------------------------------------------
@@ -298,11 +295,6 @@ def test_off_by_default_changes_nothing() -> None:
 
 
 # ---- resume, Ray, CLI, config file --------------------------------------------------------------
-def numbers(summary: dict) -> list[dict]:
-    lines = (Path(summary["run_dir"]) / "rounds.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMES} for line in lines]
-
-
 @pytest.mark.parametrize(
     "dp",
     [
@@ -313,19 +305,10 @@ def numbers(summary: dict) -> list[dict]:
 )
 def test_killed_run_resumes_with_the_same_noise_and_privacy(dp: dict, tmp_path: Path) -> None:
     settings = dict(**TINY, frac=0.5, checkpoint_every=1, eval_every=2, **dp)
-    pid = os.fork()
-    if pid == 0:
-        try:
-            torch.set_num_threads(1)
-            os.environ["PFLBENCH_TEST_KILL_AFTER_ROUND"] = "1"
-            run_experiment(RunConfig(out=str(tmp_path / "killed"), **settings))
-        finally:
-            os._exit(3)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-    resumed = run_experiment(RunConfig(out=str(tmp_path / "killed"), **settings), resume=True)
-    whole = run_experiment(RunConfig(out=str(tmp_path / "whole"), **settings))
-    assert numbers(resumed) == numbers(whole)
+    resumed, whole = killed_and_resumed(
+        run_experiment, lambda out: RunConfig(out=str(out), **settings), tmp_path, after_round=1
+    )
+    assert round_numbers(resumed) == round_numbers(whole)
     assert resumed["dp_epsilon"] == whole["dp_epsilon"] > 0
 
 
@@ -364,11 +347,7 @@ def test_bad_input_is_one_error_line_and_nothing_written(args: list[str], messag
     base = ["run", "--model", "mlp", "--num-clients", "4", "--rounds", "1", "--quiet", "--out", str(tmp_path / "out")]
     if "--model" in args:
         base = base[:1] + base[3:]
-    result = CliRunner().invoke(cli, [*base, *args])
-    assert result.exit_code == 2, result.output
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], result.output
-    assert not (tmp_path / "out").exists()
+    assert_refused(CliRunner().invoke(cli, [*base, *args]), tmp_path / "out", message)
 
 
 def test_without_opacus_dp_is_one_line_naming_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

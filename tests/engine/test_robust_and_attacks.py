@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -46,11 +44,10 @@ from pflbench.engine.robust import (
 from pflbench.registry import ALGORITHMS
 from pflbench.runs.api import run_experiment
 from pflbench.runs.prepare import plan_run, prepare
-from pflbench.testing import Harness
+from pflbench.testing import Harness, assert_refused, killed_and_resumed, round_numbers
 from pflbench.util.seeding import derive_seed
 
 TINY = dict(dataset="digits", model="mlp", num_clients=4, rounds=2, optimizer="adam", lr=0.01, backbone="random")
-TIMES = ("round_time_s", "eval_time_s", "peak_mem_mb")
 
 
 def vectors(*values: list[float]) -> list[dict[str, torch.Tensor]]:
@@ -280,11 +277,6 @@ def test_median_without_attackers_is_its_own_rule() -> None:
     assert any(not torch.equal(plain.global_state[n], robust.global_state[n]) for n in plain.global_state)
 
 
-def numbers(summary: dict) -> list[dict]:
-    lines = (Path(summary["run_dir"]) / "rounds.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMES} for line in lines]
-
-
 def test_killed_run_resumes_with_the_same_attack(tmp_path: Path) -> None:
     settings = dict(
         **{**TINY, "rounds": 3},
@@ -296,20 +288,11 @@ def test_killed_run_resumes_with_the_same_attack(tmp_path: Path) -> None:
         robust_agg="trimmed-mean",
         trim_frac=0.0,
     )
-    pid = os.fork()
-    if pid == 0:
-        try:
-            torch.set_num_threads(1)
-            os.environ["PFLBENCH_TEST_KILL_AFTER_ROUND"] = "2"
-            run_experiment(RunConfig(out=str(tmp_path / "killed"), **settings))
-        finally:
-            os._exit(3)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-    resumed = run_experiment(RunConfig(out=str(tmp_path / "killed"), **settings), resume=True)
-    whole = run_experiment(RunConfig(out=str(tmp_path / "whole"), **settings))
-    assert numbers(resumed) == numbers(whole)
-    assert any(record["attackers"] for record in numbers(whole))
+    resumed, whole = killed_and_resumed(
+        run_experiment, lambda out: RunConfig(out=str(out), **settings), tmp_path, after_round=2
+    )
+    assert round_numbers(resumed) == round_numbers(whole)
+    assert any(record["attackers"] for record in round_numbers(whole))
 
 
 def test_vmap_executor_serves_the_backdoor_and_a_robust_rule() -> None:
@@ -352,11 +335,7 @@ def test_vmap_executor_serves_the_backdoor_and_a_robust_rule() -> None:
 )
 def test_bad_input_is_one_error_line_and_nothing_written(args: list[str], message: str, tmp_path: Path) -> None:
     base = ["run", "--model", "mlp", "--num-clients", "4", "--rounds", "1", "--quiet", "--out", str(tmp_path / "out")]
-    result = CliRunner().invoke(cli, [*base, *args])
-    assert result.exit_code == 2, result.output
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], result.output
-    assert not (tmp_path / "out").exists()
+    assert_refused(CliRunner().invoke(cli, [*base, *args]), tmp_path / "out", message)
 
 
 def test_config_file_backdoor_run_reports_asr_in_rounds_summary_and_leaderboard(tmp_path: Path) -> None:

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from pflbench.cli import cli
+from pflbench.testing import killed_after_round
 
 ROOT = Path(__file__).resolve().parents[2]
 PROX = ROOT / "algorithms" / "example_loss_term.py"
@@ -102,22 +101,9 @@ def test_two_models_example_keeps_fedavg_global_model_and_evaluates_the_personal
     assert read(folder, "config.json")["resolved"]["private_parameters"] == 0  # v is extra state, not model
 
 
-def killed_after_round_3(args: list[object]) -> None:
-    """``pflbench run ARGS`` in a forked child that SIGKILLs itself after round 3."""
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        try:
-            os.environ["PFLBENCH_TEST_KILL_AFTER_ROUND"] = "3"
-            invoke("run", *args)
-        finally:
-            os._exit(3)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-
-
 def killed_and_resumed(plugin: Path, algo: str, out: Path) -> Path:
     args = ["--plugin", plugin, "--algo", algo, *TINY, "--rounds", "4", "--checkpoint-every", "2", "--out", out]
-    killed_after_round_3(args)
+    killed_after_round(3, lambda: invoke("run", *args))  # `pflbench run ARGS` in a forked child
     (work,) = (out / "runs").glob(".tmp-*")  # the unfinished run: 3 rounds logged, checkpoint at 2
     assert len((work / "rounds.jsonl").read_text().splitlines()) == 3
     return run(out, *args[:-2], "--resume")

@@ -22,6 +22,7 @@ import pytest
 from pflbench.config.run_config import RunConfig
 from pflbench.runs.api import run_experiment
 from pflbench.store.layout import CHECKPOINT_FILE
+from pflbench.testing import killed_after_round, killed_and_resumed
 
 TIMING = {
     "round_time_s",
@@ -113,22 +114,6 @@ def contents(folder: Path) -> tuple[list[dict], dict, str]:
     return rounds, summary, (run / "clients.csv").read_text()
 
 
-def killed_in_fork(config: RunConfig, after_round: int) -> int:
-    """Run ``config`` in a forked child that SIGKILLs itself after ``after_round``; its exit status."""
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        try:
-            import torch
-
-            torch.set_num_threads(1)
-            os.environ["PFLBENCH_TEST_KILL_AFTER_ROUND"] = str(after_round)
-            run_experiment(config)
-        finally:
-            os._exit(3)
-    _, status = os.waitpid(pid, 0)
-    return status
-
-
 @pytest.mark.parametrize("algo", BUILT_IN)
 def test_sigkilled_run_resumes_to_identical_results(algo: str, tmp_path: Path) -> None:
     killed_out, whole_out = tmp_path / "killed", tmp_path / "whole"
@@ -137,8 +122,7 @@ def test_sigkilled_run_resumes_to_identical_results(algo: str, tmp_path: Path) -
         killed = run_cli(cli_args(config), PFLBENCH_TEST_KILL_AFTER_ROUND="3")
         assert killed.returncode == -signal.SIGKILL, killed.stderr
     else:
-        status = killed_in_fork(config, 3)
-        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        killed_after_round(3, lambda: run_experiment(config))
     runs = killed_out / "runs"
     (work,) = [p for p in runs.iterdir() if p.name.startswith(".tmp-")]
     assert (work / CHECKPOINT_FILE).is_file()
@@ -202,10 +186,7 @@ def test_stateful_clients_survive_a_kill_and_resume(algo: str, tmp_path: Path) -
     def config(out: Path) -> RunConfig:
         return dataclasses.replace(tiny(algo, out), optimizer="sgd", lr=0.05)
 
-    status = killed_in_fork(config(tmp_path / "killed"), 3)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-    run_experiment(config(tmp_path / "killed"), resume=True)
-    run_experiment(config(tmp_path / "whole"))
+    killed_and_resumed(run_experiment, config, tmp_path, after_round=3)
     assert contents(tmp_path / "killed") == contents(tmp_path / "whole")
 
 
@@ -257,8 +238,7 @@ def test_undeclared_server_state_stops_checkpoints_so_a_resume_cannot_differ(
     def config(out: Path) -> RunConfig:
         return dataclasses.replace(tiny("momentum-undeclared", out), optimizer="sgd", lr=0.05)
 
-    status = killed_in_fork(config(tmp_path / "killed"), 3)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    killed_after_round(3, lambda: run_experiment(config(tmp_path / "killed")))
     assert "changed velocity across rounds" in capfd.readouterr().err
     (work,) = (tmp_path / "killed" / "runs").glob(".tmp-*")
     assert not (work / CHECKPOINT_FILE).exists()  # nothing to resume from that would lose the momentum
@@ -273,8 +253,7 @@ def test_declared_state_created_lazily_survives_a_kill_and_resume(momentum_plugi
     def config(out: Path) -> RunConfig:
         return dataclasses.replace(tiny("momentum-declared", out), optimizer="sgd", lr=0.05)
 
-    status = killed_in_fork(config(tmp_path / "killed"), 3)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    killed_after_round(3, lambda: run_experiment(config(tmp_path / "killed")))
     (work,) = (tmp_path / "killed" / "runs").glob(".tmp-*")
     assert (work / CHECKPOINT_FILE).is_file()
     run_experiment(config(tmp_path / "killed"), resume=True)  # restore_state creates the dict
@@ -301,8 +280,7 @@ def test_a_resumed_work_folder_that_lost_its_records_is_made_whole(tmp_path: Pat
     from pflbench.store.layout import CONFIG_FILE, PARTITION_FILE
     from pflbench.store.reader import load_runs
 
-    status = killed_in_fork(tiny("fedavg", tmp_path / "killed"), 3)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    killed_after_round(3, lambda: run_experiment(tiny("fedavg", tmp_path / "killed")))
     (work,) = (tmp_path / "killed" / "runs").glob(".tmp-*")
     (work / CONFIG_FILE).unlink()
     (work / PARTITION_FILE).unlink()
@@ -329,10 +307,7 @@ def test_validation_and_new_clients_survive_a_kill_and_resume(algo: str, tmp_pat
         extra = {"finetune_epochs": 1} if algo == "fedavg" else {}
         return dataclasses.replace(tiny(algo, out), val_frac=0.2, new_clients=0.34, **extra)
 
-    status = killed_in_fork(config(tmp_path / "killed"), 3)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-    run_experiment(config(tmp_path / "killed"), resume=True)
-    run_experiment(config(tmp_path / "whole"))
+    killed_and_resumed(run_experiment, config, tmp_path, after_round=3)
     resumed = contents(tmp_path / "killed")
     assert resumed == contents(tmp_path / "whole")
     assert "new_acc" in resumed[1] and "val_pers_acc" in resumed[1] and "new_client" in resumed[2]

@@ -25,6 +25,7 @@ from pflbench.store.layout import (
     guard_run,
     publish,
 )
+from pflbench.testing import killed_after_round
 
 TINY = ["--dataset", "digits", "--model", "mlp", "--num-clients", "3", "--rounds", "3", "--quiet"]
 
@@ -239,19 +240,9 @@ def test_sigkilled_sweep_resumes_its_unfinished_run(tmp_path: Path) -> None:
 
     base = config(tmp_path, rounds=4, checkpoint_every=2)
     grid = Grid(("fedavg",), ("digits",), (0.5,), (0,))
-    pid = os.fork()
-    if pid == 0:
-        try:
-            import torch
-
-            torch.set_num_threads(1)
-            os.environ["PFLBENCH_TEST_KILL_AFTER_ROUND"] = "3"
-            runs = expand_grid(base, grid)
-            run_sweep(runs, sweep_record_path(base.out, grid, base), grid, base)
-        finally:
-            os._exit(3)
-    status = os.waitpid(pid, 0)[1]
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    killed_after_round(
+        3, lambda: run_sweep(expand_grid(base, grid), sweep_record_path(base.out, grid, base), grid, base)
+    )
     runs = expand_grid(base, grid)
     run_sweep(runs, sweep_record_path(base.out, grid, base), grid, base)
     assert [r.status for r in runs] == ["done"]
