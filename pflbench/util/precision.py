@@ -37,7 +37,11 @@ def autocast(device: torch.device | str, precision: str) -> contextlib.AbstractC
     if precision == "fp32":
         return contextlib.nullcontext()
     if precision == "bf16":
-        return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+        # cache_enabled=False: autocast's cache keeps the bf16 copy of a parameter until the
+        # context exits, so weights loaded in place inside one context (each client's head in
+        # evaluation.evaluate_heads) were read stale, as the first client's; a weight is read
+        # once per forward in these models, so the cache saved nothing
+        return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, cache_enabled=False)
     raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
 
 

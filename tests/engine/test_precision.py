@@ -27,7 +27,7 @@ from pflbench.config.run_config import RunConfig
 from pflbench.data.dataset import FederatedData, TensorDataset
 from pflbench.engine.evaluation import evaluate_heads, head_split
 from pflbench.engine.local import LocalTrainer
-from pflbench.engine.types import ClientJob
+from pflbench.engine.types import ClientJob, EvalJob
 from pflbench.errors import ConfigError
 from pflbench.models.pretrain import backbone_key
 from pflbench.registry import ALGORITHMS
@@ -286,6 +286,24 @@ def test_pretrain_bf16_builds_the_backbone_a_bf16_run_finds(tmp_path: Path, monk
     fp32 = prepare(config)
     assert bf16.resolved["backbone"]["cache"] == "hit"
     assert fp32.resolved["backbone"]["cache"] == "created"
+
+
+@pytest.mark.parametrize("algo", ["fedper", "fedcp"])
+def test_bf16_head_split_evaluation_counts_every_clients_own_head(algo: str, tmp_path: Path) -> None:
+    """The body once, then each client's head loaded in place: under bf16 each head must be read
+    as loaded (autocast's weight cache once served the first client's head to all: FedCP's
+    pers_acc fell to chance while client by client it was 0.51)."""
+    config = dataclasses.replace(BASE, algo=algo, precision="bf16", rounds=3, out=str(tmp_path))
+    harness = Harness(prepare(config))
+    harness.federation.run()
+    algorithm, executor = harness.algorithm, harness.executor
+    clients = list(range(config.num_clients))
+    states = [algorithm.personal_model(k) for k in clients]
+    one_by_one = [int(executor.evaluate(algorithm.program, [EvalJob(states[k], (k,), "test")])[0][0]) for k in clients]
+    together = executor.evaluate_split(algorithm.program, states, clients, "test")
+    assert together is not None  # the head split holds for these models
+    assert together.tolist() == one_by_one
+    assert len(set(one_by_one)) > 1  # the clients' heads differ: a stale head would show
 
 
 # Algorithms whose client program runs its own loop (overrides ``local_update``): their forwards
