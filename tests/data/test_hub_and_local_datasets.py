@@ -36,22 +36,7 @@ configs:
 """
 
 
-@pytest.fixture(autouse=True)
-def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Hub offline, empty Hugging Face cache and pflbench cache, all under tmp_path.
-
-    ``datasets`` read the environment when first imported, so its config is patched as well.
-    """
-    hf_home = tmp_path / "hf"
-    monkeypatch.setenv("PFLBENCH_CACHE", str(tmp_path / "pflbench-cache"))
-    monkeypatch.setenv("HF_HOME", str(hf_home))
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(hf_home / "datasets"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", hf_home / "datasets")
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hf_home / "hub"))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+pytestmark = pytest.mark.usefixtures("offline_hub")  # tests/data/conftest.py
 
 
 def _random_images(rng: np.random.Generator, n: int, shape: tuple[int, ...]) -> np.ndarray:

@@ -7,14 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import huggingface_hub.constants
 import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
 from PIL import Image as PILImage
 
-import datasets
 from datasets import ClassLabel, Dataset, Features, Image, Value
 from pflbench.cli import cli
 from pflbench.config.identity import partition_identity
@@ -37,17 +35,7 @@ CINIC_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog",
 DIGITS = ClassLabel(names=[str(d) for d in range(10)])
 
 
-@pytest.fixture(autouse=True)
-def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Hub offline, empty Hugging Face and pflbench caches under tmp_path (as in test_natural_datasets)."""
-    hf_home = tmp_path / "hf"
-    monkeypatch.setenv("PFLBENCH_CACHE", str(tmp_path / "pflbench-cache"))
-    monkeypatch.setenv("HF_HOME", str(hf_home))
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(hf_home / "datasets"))
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", hf_home / "datasets")
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hf_home / "hub"))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+pytestmark = pytest.mark.usefixtures("offline_hub")  # tests/data/conftest.py
 
 
 def _parquet(root: Path, split: str, columns: dict, features: Features) -> None:

@@ -6,12 +6,10 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-import huggingface_hub.constants
 import numpy as np
 import pytest
 import torch
 
-import datasets
 from datasets import ClassLabel, Dataset, Features, Image, Value
 from pflbench.config.run_config import RunConfig
 from pflbench.data.dataset import FederatedData, TensorDataset, load_dataset
@@ -25,17 +23,7 @@ from pflbench.testing import Harness
 FEMNIST_NAMES = list(string.digits + string.ascii_uppercase + string.ascii_lowercase)
 
 
-@pytest.fixture(autouse=True)
-def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Hub offline, empty Hugging Face and pflbench caches under tmp_path (as in test_datasets_hub)."""
-    hf_home = tmp_path / "hf"
-    monkeypatch.setenv("PFLBENCH_CACHE", str(tmp_path / "pflbench-cache"))
-    monkeypatch.setenv("HF_HOME", str(hf_home))
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(hf_home / "datasets"))
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", hf_home / "datasets")
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hf_home / "hub"))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+pytestmark = pytest.mark.usefixtures("offline_hub")  # tests/data/conftest.py
 
 
 def write_femnist(root: Path, writers: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
