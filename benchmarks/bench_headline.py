@@ -11,7 +11,7 @@ On a GPU, the one command (README "Speed"):
 
 The model is the headline job's (``config.lora.RUN_DEFAULTS``: a 6-block ViT, embed 64, on
 3×32×32 inputs, 100 classes); the data are random CIFAR-shaped images (throughput does not depend
-on pixel values), registered as the dataset ``bench_cifar100``. Stages, each timed as the best of
+on pixel values), the dataset ``cifar100_shaped`` of ``cifar_shaped.py``. Stages, each timed as the best of
 ``--repeats`` after one warm-up, the engine and the plain loop timed alternately:
 
 (a) pretraining: ``models.pretrain.train_centrally`` (one epoch of AdamW) vs a plain AdamW loop;
@@ -43,14 +43,14 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from cifar_shaped import cifar100_shaped  # benchmarks/ is on sys.path when run as a script
 from torch.utils.flop_counter import FlopCounterMode
 
 from pflbench.config.lora import RUN_DEFAULTS
 from pflbench.config.run_config import RunConfig
-from pflbench.data.dataset import FederatedData, TensorDataset
+from pflbench.data.dataset import FederatedData
 from pflbench.models.pretrain import PRETRAIN_BATCH_SIZE, PRETRAIN_WEIGHT_DECAY, train_centrally
 from pflbench.models.zoo import build_model
-from pflbench.registry import register_dataset
 from pflbench.runs.prepare import prepare
 from pflbench.testing import Harness
 from pflbench.util.precision import autocast, check_precision, eval_batch
@@ -58,16 +58,6 @@ from pflbench.util.precision import autocast, check_precision, eval_batch
 NUM_CLASSES = 100
 MODEL = RUN_DEFAULTS["model"]
 MODEL_OPTIONS = {key: int(value) for key, value in (option.split("=") for option in RUN_DEFAULTS["model_option"])}
-SAMPLES = 3000  # replaced by --samples before the dataset is first loaded
-
-
-@register_dataset("bench_cifar100")
-def bench_cifar100() -> TensorDataset:
-    """Random CIFAR-100-shaped images (uint8 3×32×32, 100 classes)."""
-    generator = torch.Generator().manual_seed(0)
-    inputs = torch.randint(0, 256, (SAMPLES, 3, 32, 32), dtype=torch.uint8, generator=generator)
-    labels = torch.randint(0, NUM_CLASSES, (SAMPLES,), generator=generator)
-    return TensorDataset(inputs, labels, NUM_CLASSES, "random CIFAR-100-shaped images")
 
 
 def best_pair(
@@ -167,7 +157,8 @@ def plain_evaluation(
 def run_config(algo: str, args: argparse.Namespace, **extra: Any) -> RunConfig:
     return RunConfig(
         algo=algo,
-        dataset="bench_cifar100",
+        dataset="cifar100_shaped",  # benchmarks/cifar_shaped.py
+        dataset_option=(f"samples={args.samples}",),
         num_clients=args.clients,
         rounds=1,
         alpha=0.1,
@@ -184,7 +175,7 @@ def run_config(algo: str, args: argparse.Namespace, **extra: Any) -> RunConfig:
 
 def measure(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     batch = 32  # RunConfig's --batch-size default, used by every stage here
-    dataset = bench_cifar100()
+    dataset = cifar100_shaped(args.samples)
     precision = args.precision_now
     result: dict[str, Any] = {"threads": args.threads_now, "device": str(device), "precision": precision}
     rate = matmul_rate(device, precision)
@@ -267,7 +258,6 @@ def stage_line(name: str, samples: int, engine: float, plain: float, flops: floa
 
 
 def main() -> None:
-    global SAMPLES
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", default="1,2", help="comma-separated torch thread counts to measure")
@@ -279,7 +269,6 @@ def main() -> None:
         "--precision", default="fp32", help="comma-separated --precision values to measure (fp32, bf16)"
     )
     args = parser.parse_args()
-    SAMPLES = args.samples
     device = torch.device(args.device)
     precisions = [p.strip() for p in args.precision.split(",")]
     for precision in precisions:

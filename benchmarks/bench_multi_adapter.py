@@ -6,7 +6,7 @@ on this CPU? Sequential vs one backbone pass over every client's batch, on the h
 
 The model is the headline job's (``config.lora.RUN_DEFAULTS``: a 6-block ViT, embed 64, 3×32×32
 inputs, 100 classes, LoRA rank 8 on attn.proj and mlp.fc2, the head trainable); the data are
-random CIFAR-100-shaped images (the dataset ``bench_multi_adapter_cifar``, sized per client count),
+random CIFAR-100-shaped images (the dataset ``cifar100_shaped`` of ``cifar_shaped.py``, sized per client count),
 split iid so that every client holds about ``--batches`` batches of 32 (a real round has more; the ratios are per step). Every client trains
 each round (FedAvg, ``--lora-rank 8``, Adam, one local epoch). Per client count, measured in one
 process, interleaved (median of ``--repeats`` after a warm-up):
@@ -55,35 +55,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import cifar_shaped  # noqa: F401  # registers cifar100_shaped (benchmarks/ is on sys.path when run as a script)
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from pflbench.config.run_config import RunConfig
-from pflbench.data.dataset import TensorDataset
 from pflbench.engine import ClientJob
 from pflbench.engine.vmap import contiguous_runs
 from pflbench.models.lora import LoRALinear, lora_layers
-from pflbench.registry import register_dataset
 from pflbench.runs.prepare import prepare
 from pflbench.util.seeding import derive_seed
 
 BATCH = 32
 TEST_FRAC = 0.2
-NUM_CLASSES = 100
-
-
-@register_dataset("bench_multi_adapter_cifar")
-def bench_multi_adapter_cifar(samples: int = 1000) -> TensorDataset:
-    """``samples`` random CIFAR-100-shaped images (uint8 3×32×32, 100 classes)."""
-    generator = torch.Generator().manual_seed(0)
-    inputs = torch.randint(0, 256, (samples, 3, 32, 32), dtype=torch.uint8, generator=generator)
-    labels = torch.randint(0, NUM_CLASSES, (samples,), generator=generator)
-    return TensorDataset(inputs, labels, NUM_CLASSES, "random CIFAR-100-shaped images")
-
-
-bench_multi_adapter_cifar.cacheable = False  # type: ignore[attr-defined]  # made in a blink, sized per run
 
 
 def synchronize(device: torch.device) -> None:
@@ -112,7 +98,7 @@ def run_config(clients: int, args: argparse.Namespace, executor: str = "sequenti
     samples = math.ceil(clients * per_client / (1 - TEST_FRAC))
     return RunConfig(
         algo="fedavg",
-        dataset="bench_multi_adapter_cifar",
+        dataset="cifar100_shaped",  # registered by benchmarks/cifar_shaped.py (imported above)
         dataset_option=(f"samples={samples}",),
         partition="iid",
         num_clients=clients,
