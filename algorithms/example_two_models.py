@@ -73,11 +73,7 @@ class TwoModelsProgram(ClientProgram[TwoModelsHyperparameters]):
                 task = F.cross_entropy(trainer.forward(trainer.params, inputs), targets)
                 pull = 0.5 * self.hparams.pull * sum((params[n] - anchor[n]).pow(2).sum() for n in params)
                 loss = task + pull
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if spec.max_grad_norm is not None:
-                    torch.nn.utils.clip_grad_norm_(params.values(), spec.max_grad_norm)
-                optimizer.step()
+                trainer.step(optimizer, loss, params, spec.max_grad_norm)
                 total += loss.detach()
                 for name, value in (("personal_task", task), ("personal_pull", pull)):
                     sums[name] = sums[name] + value.detach() if name in sums else value.detach()

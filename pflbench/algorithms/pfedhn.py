@@ -186,11 +186,7 @@ class PFedHNInnerStepsProgram(PFedHNProgram):
         for _, (inputs, targets) in zip(range(steps), trainer.batches()):
             with trainer.autocast():  # --precision bf16: forward and loss, as the batch loop
                 loss = F.cross_entropy(trainer.model(inputs), targets)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if spec.max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(params.values(), spec.max_grad_norm)
-            optimizer.step()
+            trainer.step(optimizer, loss, params, spec.max_grad_norm)
             total += loss.detach()
         result = mean_terms(total, {"task": total}, steps)
         return LocalResult(result.loss, result.loss_terms, steps=steps)

@@ -173,11 +173,7 @@ class PFLMoEProgram(ClientProgram[PFLMoEHyperparameters]):
                 for inputs, targets in batches():
                     with trainer.autocast():  # --precision bf16: forward and loss, as the batch loop
                         loss = loss_of(inputs, targets)
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    if spec.max_grad_norm is not None:
-                        torch.nn.utils.clip_grad_norm_(params.values(), spec.max_grad_norm)
-                    optimizer.step()
+                    trainer.step(optimizer, loss, params, spec.max_grad_norm)
                     total += loss.detach()
                     count += 1
             steps += count

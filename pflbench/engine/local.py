@@ -118,6 +118,21 @@ class LocalTrainer:
     def optimizer(self, spec: OptimizerSpec, params: dict[str, nn.Parameter]) -> LocalOptimizer:
         return build_optimizer(spec, params)
 
+    def step(
+        self,
+        optimizer: LocalOptimizer,
+        loss: torch.Tensor,
+        params: dict[str, nn.Parameter],
+        max_grad_norm: float | None,
+    ) -> None:
+        """One step of a custom loop, as the batch loop takes it: zero the gradients, backward,
+        clip their norm over ``params`` (``--max-grad-norm``; None: no clipping), step."""
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params.values(), max_grad_norm)
+        optimizer.step()
+
     @torch.no_grad()
     def load(self, tensors: Tensors) -> None:
         """Copy ``tensors`` into the live model state (same names)."""
