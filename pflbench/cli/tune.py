@@ -32,14 +32,21 @@ def _tune_callback(
     force: bool,
     **values: Any,
 ) -> int:
+    import importlib.util
     from pathlib import Path
 
+    from pflbench.errors import ConfigError
+
+    if not dry_run and importlib.util.find_spec("optuna") is None:  # said at once, before torch is imported
+        raise ConfigError("pflbench tune needs Optuna: pip install 'pflbench[tune]'")
     from pflbench.store.layout import RUNS_DIR, check_writable
     from pflbench.sweeps.grid import Grid, check_grid
     from pflbench.sweeps.local import run_sweep
     from pflbench.sweeps.record import sweep_record_path
     from pflbench.sweeps.tune import (
         TuneSettings,
+        check_journal,
+        claimed_elsewhere,
         final_runs,
         finish_study,
         parse_space,
@@ -80,6 +87,11 @@ def _tune_callback(
         require_ray()
     check_writable(base.out)
     check_writable(Path(base.out) / RUNS_DIR)
+    if not force:  # a damaged journal refuses before anything runs (--force starts each study over)
+        for plan in plans:
+            warning = check_journal(plan)
+            if warning:
+                click.echo(f"warning: {warning}", err=True)
     check_grid([plan.cell for plan in plans])  # bad options refuse before any trial runs
     if settings.selected_on == "test":
         click.echo(
@@ -101,17 +113,26 @@ def _tune_callback(
     runs = [run for plan, plan_runs in finals for run in plan_runs if not (force and run.name in plan.ran)]
     seeds_grid = Grid(grid.algos, grid.datasets, grid.alphas, grid.seeds, grid.axes)
     echo(f"tune: the chosen settings over seeds {','.join(map(str, grid.seeds))}: {len(runs)} runs")
-    if on_ray:
-        from pflbench.sweeps.on_ray import run_sweep_on_ray
+    record_path = sweep_record_path(base.out, seeds_grid, base)
+    while runs:  # a run another tune on this --out is running is waited for, then read back
+        if on_ray:
+            from pflbench.sweeps.on_ray import run_sweep_on_ray
 
-        record_path = sweep_record_path(base.out, seeds_grid, base)
-        run_sweep_on_ray(
-            runs, record_path, seeds_grid, base, plugin, None, cpus_per_run, gpus_per_run, disconnect=True, force=force
-        )
-    else:
-        run_sweep(
-            runs, sweep_record_path(base.out, seeds_grid, base), seeds_grid, base, plugin, None, jobs=jobs, force=force
-        )
+            run_sweep_on_ray(
+                runs,
+                record_path,
+                seeds_grid,
+                base,
+                plugin,
+                None,
+                cpus_per_run,
+                gpus_per_run,
+                disconnect=True,
+                force=force,
+            )
+        else:
+            run_sweep(runs, record_path, seeds_grid, base, plugin, None, jobs=jobs, force=force)
+        runs = claimed_elsewhere(runs, echo)
     failed = 0
     for plan, plan_runs in finals:
         record = finish_study(plan, plan_runs)
@@ -121,7 +142,8 @@ def _tune_callback(
         for metric in ("pers_acc", "global_acc"):
             stats = final["metrics"].get(metric)
             if stats:
-                shown.append(f"{metric} {stats['mean']:.4f} ± {stats['std']:.4f} (n={stats['n']})")
+                spread = f" ± {stats['std']:.4f}" if stats["std"] is not None else ""  # sample std, as the leaderboard
+                shown.append(f"{metric} {stats['mean']:.4f}{spread} (n={stats['n']})")
         failed += sum(1 for s in final["seeds"] if s.get("status") != "completed")
         click.echo(
             f"{plan.describe()}: chose {chosen} ({objective} {best['value']:.4f}, selected on "

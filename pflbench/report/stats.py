@@ -11,20 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+from pflbench.util.seed_stats import mean, sample_std  # the one definition, shared with sweeps.tune
+
 TESTS = ("ttest", "wilcoxon", "none")
 INTERVALS = ("std", "ci95")
-
-
-def mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
-
-
-def sample_std(values: Sequence[float]) -> float | None:
-    """s = sqrt(Σ(x − x̄)² / (n − 1)); None for n < 2."""
-    if len(values) < 2:
-        return None
-    centre = mean(values)
-    return math.sqrt(sum((v - centre) * (v - centre) for v in values) / (len(values) - 1))  # inf, not OverflowError
 
 
 def t_two_sided_p(t: float, df: int) -> float:

@@ -9,7 +9,20 @@ the objective's per-round value at every evaluation round; the median pruner sto
 value falls below the median of earlier trials at the same round (its folder stays unfinished,
 with its checkpoint). The study lives in ``OUT/tune/<study>.journal`` (Optuna's journal file), so
 running the same command again continues it: finished trials count, a trial that was running
-when the command stopped is run again (its run resumes from its checkpoint).
+when the command stopped is run again (its run resumes from its checkpoint). A journal whose
+last line a killed process left torn is repaired (the torn line is cut off, with a warning);
+any other damage is refused, naming the file.
+
+``--trials N`` buys N distinct settings (after rounding, see ``rounded_setting``): a proposal
+that repeats a setting already tried or running is recorded as a duplicate and does not count;
+a continued study re-seeds its sampler from ``--sampler-seed`` and the number of trials in the
+journal, so it proposes new settings rather than the first ones again; a space with fewer
+distinct settings than N ends at its size, with a line saying so.
+
+Several ``pflbench tune`` on one ``--out`` at once share the study: each trial is claimed as a
+run is (``OUT/tune/<study>.trial-N.claim``, ``store.layout``), a trial claimed by another live
+process is left to it (and waited for before the choice), and a trial whose process is gone is
+taken over (marked interrupted, its setting run again).
 
 When the trials are done, the best trial's setting (by the objective, never by a test metric
 unless asked for explicitly) runs over every seed of ``--seeds`` as a sweep does, and the study
@@ -25,11 +38,14 @@ not pruned.
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
+import datetime
+import json
 import math
 import multiprocessing
 import os
-import statistics
+import time
 import typing
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -43,7 +59,7 @@ from pflbench.engine.observers import Observer
 from pflbench.errors import ConfigError
 from pflbench.registry import ALGORITHMS, load_plugin_file
 from pflbench.runs.execute import RunDiverged
-from pflbench.store.layout import SUMMARY_FILE
+from pflbench.store.layout import SUMMARY_FILE, Claim, RunClaimed, RunFinished, RunPaths, claim_owner, describe_owner
 from pflbench.store.reader import read_json, read_rounds
 from pflbench.store.writer import write_json
 from pflbench.sweeps.grid import Grid, SweepRun, expand_grid, parse_value
@@ -51,6 +67,7 @@ from pflbench.sweeps.one import mark_redo, run_one
 from pflbench.sweeps.parallel import die_with_parent
 from pflbench.sweeps.record import write_error
 from pflbench.util.hashing import settings_hash
+from pflbench.util.seed_stats import mean, sample_std
 from pflbench.util.threads import threads_per_job
 
 TUNE_DIR = "tune"
@@ -250,15 +267,23 @@ def distributions(space: dict[str, Dimension]) -> dict[str, Any]:
     return result
 
 
-def make_sampler(plan: StudyPlan, jobs: int) -> Any:
+def sampler_seed(seed: int, trials_so_far: int) -> int:
+    """The sampler's seed for a study that holds ``trials_so_far`` trials: ``seed`` for a new
+    study (a study run in one go repeats exactly), else one drawn from both, so that a continued
+    study does not replay its first proposals (settings it has already tried)."""
+    return seed if trials_so_far == 0 else int(settings_hash({"seed": seed, "trials": trials_so_far}, 8), 16)
+
+
+def make_sampler(plan: StudyPlan, jobs: int, trials_so_far: int = 0) -> Any:
     optuna = require_optuna()
     settings = plan.settings
+    seed = sampler_seed(settings.sampler_seed, trials_so_far)
     if settings.sampler == "grid":
         values = {n: list(d.values) for n, d in plan.space.items() if isinstance(d, Choice)}
-        return _grid_sampler(optuna)(values, seed=settings.sampler_seed)
+        return _grid_sampler(optuna)(values, seed=seed)
     # random trials first (a third of the budget, 3 to 10), then TPE's model of the good ones
     startup = min(10, max(3, settings.trials // 3))
-    return optuna.samplers.TPESampler(seed=settings.sampler_seed, n_startup_trials=startup, constant_liar=jobs > 1)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, constant_liar=jobs > 1)
 
 
 def _grid_sampler(optuna: Any) -> type:
@@ -290,15 +315,166 @@ def open_study(plan: StudyPlan, jobs: int = 1) -> Any:
 
     path = plan.path(".journal")
     path.parent.mkdir(parents=True, exist_ok=True)
-    storage = JournalStorage(JournalFileBackend(str(path)))
-    return optuna.create_study(
-        study_name=plan.name,
-        storage=storage,
-        load_if_exists=True,
-        direction="maximize",
-        sampler=make_sampler(plan, jobs),
-        pruner=make_pruner(plan),
+    try:
+        storage = JournalStorage(JournalFileBackend(str(path)))
+        return optuna.create_study(
+            study_name=plan.name,
+            storage=storage,
+            load_if_exists=True,
+            direction="maximize",
+            sampler=make_sampler(plan, jobs),
+            pruner=make_pruner(plan),
+        )
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as error:
+        # lines that are JSON objects but not records Optuna can replay (``repair_journal`` has
+        # already refused lines that are not JSON)
+        raise ConfigError(
+            f"study journal {path} cannot be read by Optuna ({type(error).__name__}: {error}); {MOVE_ASIDE}"
+        ) from None
+
+
+# ---- a damaged journal ------------------------------------------------------------------------
+
+MOVE_ASIDE = "move it aside to start the study over (its trials' finished runs are read back, not run again)"
+
+
+def _bad_journal_line(line: bytes) -> str | None:
+    """Why one complete journal line is not an Optuna journal record, or None."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return "not UTF-8 text"
+    try:
+        record = json.loads(text)
+    except (ValueError, RecursionError):
+        return "not JSON"
+    if not isinstance(record, dict) or not isinstance(record.get("op_code"), int):
+        return "not an Optuna journal record"
+    return None
+
+
+def _could_be_torn(tail: bytes) -> bool:
+    """Whether ``tail`` (the bytes after the last newline) is the start of a record that a
+    killed process left half-written: UTF-8 (a multi-byte character may be cut) opening a JSON
+    object. Anything else there (random bytes) is damage, not a torn write."""
+    try:
+        text = codecs.getincrementaldecoder("utf-8")().decode(tail, final=False)
+    except UnicodeDecodeError:
+        return False
+    return text.startswith("{")
+
+
+def journal_damage(data: bytes) -> tuple[int, str | None]:
+    """(length of the journal's whole, readable lines, why the line after them is damaged):
+    (len, None) for a sound journal, (length before a torn tail, None) when only the tail is torn."""
+    end, number = 0, 0
+    while end < len(data):
+        newline = data.find(b"\n", end)
+        if newline < 0:
+            return end, None if _could_be_torn(data[end:]) else f"line {number + 1} is not a journal record"
+        number += 1
+        reason = _bad_journal_line(data[end:newline])
+        if reason is not None:
+            return end, f"line {number} is {reason}"
+        end = newline + 1
+    return end, None
+
+
+def repair_journal(path: Path) -> str | None:
+    """Check the study journal at ``path`` before it is opened: a torn last line (a process
+    killed while appending) is cut off and described in the returned warning line (Optuna
+    would accept it until the next append glued a record onto it, and then refuse the whole
+    journal); any other damage raises ``ConfigError`` naming the file. None when sound."""
+    if not path.exists():
+        return None
+    if not path.is_file():
+        raise ConfigError(f"study journal {path} is not a file; {MOVE_ASIDE}")
+    try:
+        good, damage = journal_damage(path.read_bytes())
+    except OSError as error:
+        raise ConfigError(f"cannot read study journal {path}: {error.strerror or error}") from None
+    if damage is not None:
+        raise ConfigError(f"study journal {path} is damaged: {damage}; {MOVE_ASIDE}")
+    if good == path.stat().st_size:
+        return None
+    # a torn tail, or another process's append in progress: decide under the journal's own lock
+    require_optuna()
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    lock = JournalFileSymlinkLock(str(path))
+    lock.acquire()
+    try:
+        data = path.read_bytes()
+        good, damage = journal_damage(data)
+        if damage is not None:
+            raise ConfigError(f"study journal {path} is damaged: {damage}; {MOVE_ASIDE}")
+        if good == len(data):
+            return None  # it was an append in progress
+        with open(path, "r+b") as journal:
+            journal.truncate(good)
+            os.fsync(journal.fileno())
+    finally:
+        lock.release()
+    return (
+        f"study journal {path} ended in a torn line ({len(data) - good} bytes: a write cut short); "
+        "removed it and continued"
     )
+
+
+def check_journal(plan: StudyPlan) -> str | None:
+    """``repair_journal`` on the plan's study journal, then a replay of it (a journal of JSON
+    records Optuna cannot replay raises ``ConfigError`` too): the warning line, or None."""
+    path = plan.path(".journal")
+    warning = repair_journal(path)
+    if path.is_file() and path.stat().st_size:
+        open_study(plan)
+    return warning
+
+
+# ---- how many distinct settings a space holds ---------------------------------------------------
+
+
+def _three_digit_values(low: float, high: float, at_most: int) -> int | None:
+    """How many numbers of 3 significant digits lie in [low, high] (0 < low ≤ high); None when
+    more than ``at_most``."""
+    count = 0
+    for exponent in range(math.floor(math.log10(low)) - 1, math.floor(math.log10(high)) + 2):
+        for mantissa in range(100, 1000):
+            if low <= float(f"{mantissa}e{exponent - 2}") <= high:
+                count += 1
+                if count > at_most:
+                    return None
+    return count
+
+
+def _dimension_size(dimension: Dimension, at_most: int) -> int | None:
+    if isinstance(dimension, Choice):
+        return len(dict.fromkeys(dimension.values))
+    if dimension.integer:
+        return int(dimension.high) - int(dimension.low) + 1
+    # the image of [low, high] under rounding (``rounded_setting``): the 3-digit numbers from
+    # round(low) to round(high), the outer two clamped into the range
+    low, high = (float(f"{v:.{SIGNIFICANT_DIGITS}g}") for v in (dimension.low, dimension.high))
+    if low == high:
+        return 1
+    if low > 0:
+        return _three_digit_values(low, high, at_most)
+    if high < 0:
+        return _three_digit_values(-high, -low, at_most)
+    return None  # around 0: numbers of every magnitude
+
+
+def distinct_settings(space: dict[str, Dimension], at_most: int) -> int | None:
+    """How many distinct settings (after rounding) ``space`` holds; None when more than ``at_most``."""
+    total = 1
+    for dimension in space.values():
+        size = _dimension_size(dimension, at_most)
+        if size is None:
+            return None
+        total *= size
+        if total > at_most:
+            return None
+    return total
 
 
 # ---- one trial ----------------------------------------------------------------------------
@@ -308,15 +484,26 @@ class TrialPruned(Exception):
     """Raised from the round loop when the pruner stops the trial."""
 
 
+def touch(path: Path | None) -> None:
+    """The heartbeat of a trial's claim (``store.layout``: a claim from another host is stale
+    once untouched for an hour)."""
+    if path is not None:
+        try:
+            os.utime(path)
+        except OSError:
+            pass
+
+
 class ReportToStudy(Observer):
     """Reports the objective's per-round value to the trial; raises ``TrialPruned`` when the
-    pruner says so (``prune`` off: report only)."""
+    pruner says so (``prune`` off: report only). Touches the trial's claim (``claim``) each round."""
 
-    def __init__(self, trial: Any, metric: str, prune: bool) -> None:
-        self.trial, self.metric, self.prune = trial, metric, prune
+    def __init__(self, trial: Any, metric: str, prune: bool, claim: Path | None = None) -> None:
+        self.trial, self.metric, self.prune, self.claim = trial, metric, prune, claim
         self.last: float | None = None
 
     def on_round_end(self, record: dict[str, Any]) -> None:
+        touch(self.claim)
         value = record.get(self.metric)
         if value is None:
             return
@@ -326,31 +513,53 @@ class ReportToStudy(Observer):
             raise TrialPruned(f"pruned at round {record['round']} ({self.metric} {value:.4f})")
 
 
-def run_trial(plan: StudyPlan, trial_id: int, run: SweepRun, plugins: tuple[str, ...]) -> tuple[str, float | None, str]:
+CLAIM_POLL_S = 2.0  # how often a trial waits for a run, or a study for trials, that another process holds
+
+
+def run_trial(
+    plan: StudyPlan, trial_id: int, run: SweepRun, plugins: tuple[str, ...], claim: Path | None = None
+) -> tuple[str, float | None, str]:
     """Run (or read back) one trial's run; returns (state, objective value, message). In a
-    worker process it reopens the study from its journal to report per-round values."""
+    worker process it reopens the study from its journal to report per-round values. A run
+    that another process is running (a sweep) is waited for, then read back."""
     study = open_study(plan)
     optuna = require_optuna()
     trial = optuna.trial.Trial(study, trial_id)
-    metric = plan.settings.round_metric
-    mark_redo([run], plan.force)  # a finished run of older code (stale) or --force: run again
-    summary = read_json(run.run_dir / SUMMARY_FILE) if (run.run_dir / SUMMARY_FILE).is_file() else None
-    if run.redo is None and isinstance(summary, dict) and summary.get("status") == "completed":
-        for record in read_rounds(run.run_dir):  # already run (a sweep, another study): read back
-            if record.get(metric) is not None:
-                trial.report(float(record[metric]), record["round"])
-        return _outcome(summary, plan.settings.objective, "read back (already finished)")
-    reporter = ReportToStudy(trial, metric, prune=True)
-    try:
-        summary = run_one(run, plugins, observers=[reporter])
-    except TrialPruned as pruned:
-        return "pruned", reporter.last, str(pruned)
-    except RunDiverged as diverged:  # told as pruned at its last value: TPE learns to avoid it
-        return "diverged", reporter.last, f"diverged: {diverged}"
-    except Exception as error:  # one broken trial must not stop the study
-        write_error(run, error)
-        return "failed", None, f"{type(error).__name__}: {error}"
-    return _outcome(summary, plan.settings.objective, "done")
+    while True:
+        mark_redo([run], plan.force)  # a finished run of older code (stale) or --force: run again
+        summary = read_json(run.run_dir / SUMMARY_FILE) if (run.run_dir / SUMMARY_FILE).is_file() else None
+        if run.redo is None and isinstance(summary, dict) and summary.get("status") in ("completed", "diverged"):
+            return _read_back(plan, trial, run, summary)  # already run (a sweep, another study)
+        reporter = ReportToStudy(trial, plan.settings.round_metric, prune=True, claim=claim)
+        try:
+            summary = run_one(run, plugins, observers=[reporter])
+        except TrialPruned as pruned:
+            return "pruned", reporter.last, str(pruned)
+        except RunDiverged as diverged:  # told as pruned at its last value: TPE learns to avoid it
+            return "diverged", reporter.last, f"diverged: {diverged}"
+        except RunFinished:  # finished by another process meanwhile: read back
+            continue
+        except RunClaimed:  # another process is running it now: wait for it, then read it back
+            while claim_owner(RunPaths(run.run_dir)) is not None:
+                touch(claim)
+                time.sleep(CLAIM_POLL_S)
+            continue
+        except Exception as error:  # one broken trial must not stop the study
+            write_error(run, error)
+            return "failed", None, f"{type(error).__name__}: {error}"
+        return _outcome(summary, plan.settings.objective, "done")
+
+
+def _read_back(plan: StudyPlan, trial: Any, run: SweepRun, summary: dict[str, Any]) -> tuple[str, float | None, str]:
+    """A finished run's per-round values reported to ``trial``, and its outcome."""
+    last = None
+    for record in read_rounds(run.run_dir):
+        if record.get(plan.settings.round_metric) is not None:
+            last = float(record[plan.settings.round_metric])
+            trial.report(last, record["round"])
+    if summary.get("status") == "diverged":
+        return "diverged", last, "read back (diverged)"
+    return _outcome(summary, plan.settings.objective, "read back (already finished)")
 
 
 def _outcome(summary: dict[str, Any], objective: str, message: str) -> tuple[str, float | None, str]:
@@ -361,14 +570,240 @@ def _outcome(summary: dict[str, Any], objective: str, message: str) -> tuple[str
 
 
 def _trial_in_worker(
-    plan: StudyPlan, trial_id: int, run: SweepRun, plugins: tuple[str, ...]
+    plan: StudyPlan, trial_id: int, run: SweepRun, plugins: tuple[str, ...], claim: Path | None
 ) -> tuple[str, float | None, str]:
     for path in plugins:
         load_plugin_file(path)
-    return run_trial(plan, trial_id, run, plugins)
+    return run_trial(plan, trial_id, run, plugins, claim)
 
 
 # ---- the study ----------------------------------------------------------------------------
+
+MAX_REPEATS = 50  # proposals in a row that repeat a tried setting before the space counts as exhausted
+ASK_GRACE_S = 10.0  # a running trial with no claim file younger than this is being claimed: left alone
+Outcome = tuple[str, float | None, str]
+
+
+def _age_s(trial: Any) -> float:
+    started = trial.datetime_start
+    return math.inf if started is None else (datetime.datetime.now() - started).total_seconds()
+
+
+def setting_key(setting: dict[str, Any]) -> str:
+    return json.dumps(setting, sort_keys=True, default=str)
+
+
+class StudyDriver:
+    """Asks the study for trials of new settings, claims them, tells their outcomes.
+
+    The study may be shared with other ``pflbench tune`` processes (one journal): the trials
+    are re-read from it before each decision. A trial counts toward the budget when it is
+    finished (not interrupted, not a duplicate) or running under a live claim, once per setting.
+    """
+
+    def __init__(self, plan: StudyPlan, study: Any, report: Callable[[str], None]) -> None:
+        self.plan, self.study, self.report = plan, study, report
+        self.states = require_optuna().trial.TrialState
+        self.dists = distributions(plan.space)
+        self.runs: dict[int, SweepRun] = {}
+        self.claims: dict[int, Claim] = {}  # the trials this process runs
+        self.repeats = 0  # proposals in a row that repeated a setting
+        self.exhausted = False  # said that MAX_REPEATS proposals in a row repeated a setting
+        self.waiting_on: tuple[int, ...] = ()
+
+    def claim_of(self, number: int) -> Claim:
+        return Claim(RunPaths(self.plan.path(f".trial-{number}")))
+
+    def _interrupted(self) -> set[int]:
+        return {int(k.split("_")[1]) for k in self.study.user_attrs if k.startswith("interrupted_")}
+
+    def _key(self, trial: Any) -> str | None:
+        """The trial's setting (its rounded params), None before its params are all drawn."""
+        if set(trial.params) != set(self.plan.space):
+            return None
+        return setting_key(rounded_setting(self.plan.space, dict(trial.params)))
+
+    def tally(self) -> tuple[dict[str, int], list[int]]:
+        """(the settings that count, each with its first trial; the trials other processes are
+        running). Takes over the running trials whose process is gone."""
+        while True:
+            taken: dict[str, int] = {}
+            others: list[int] = []
+            interrupted = self._interrupted()
+            took_over = False
+            for trial in self.study.get_trials(deepcopy=False):
+                if trial.number in interrupted or "duplicate_of" in trial.user_attrs:
+                    continue
+                if trial.state == self.states.RUNNING and trial.number not in self.claims:
+                    if self._take_over(trial):
+                        took_over = True
+                        break
+                    others.append(trial.number)
+                elif not trial.state.is_finished() and trial.state != self.states.RUNNING:
+                    continue  # waiting (enqueued): whoever asks next runs it
+                key = self._key(trial)
+                if key is not None:
+                    taken.setdefault(key, trial.number)
+            if not took_over:
+                return taken, others
+
+    def _take_over(self, trial: Any) -> bool:
+        """Mark a running trial whose claim no live process holds as interrupted and queue its
+        setting again; False when another live process holds it (or claims it meanwhile)."""
+        claim = self.claim_of(trial.number)
+        if claim_owner(claim.paths) is not None:
+            return False
+        if not claim.paths.claim.exists() and _age_s(trial) < ASK_GRACE_S:
+            return False  # just asked by another process, which is about to claim it
+        try:
+            claim.acquire()  # takes over a dead process's claim; fails if a live one claimed it meanwhile
+        except RunClaimed:
+            return False
+        try:
+            fresh = self.study._storage.get_trial(trial._trial_id)
+            if fresh.state != self.states.RUNNING:
+                return True  # finished meanwhile: tally again
+            self._interrupt(fresh)
+            self.report(f"  trial {trial.number}: interrupted (its process is gone); its setting runs again")
+        finally:
+            claim.release()
+        return True
+
+    def _interrupt(self, trial: Any) -> None:
+        """A running trial that will not finish: marked interrupted, its setting queued again
+        (whoever asks next runs it; its run resumes from its checkpoint)."""
+        self.study.tell(trial.number, state=self.states.FAIL, skip_if_finished=True)
+        self.study.set_user_attr(f"interrupted_{trial.number}", True)
+        self.study.enqueue_trial(dict(trial.params))
+
+    def ask(self) -> tuple[Any, SweepRun] | None:
+        """A claimed trial of a setting not tried yet, or None (a duplicate, told as such; or a
+        trial another process took over in the instant before it was claimed)."""
+        trial = self.study.ask(self.dists)
+        claim = self.claim_of(trial.number)
+        try:
+            claim.acquire()
+        except RunClaimed:
+            return None
+        if self.study._storage.get_trial(trial._trial_id).state != self.states.RUNNING:
+            claim.release()  # taken over as stale before the claim: its setting is queued again
+            return None
+        self.claims[trial.number] = claim
+        setting = rounded_setting(self.plan.space, dict(trial.params))
+        run = self.plan.run_of(setting)
+        trial.set_user_attr("setting", setting)
+        trial.set_user_attr("run", run.name)
+        taken, _ = self.tally()  # trials in number order: the first trial of a setting is the one that counts
+        first = taken.get(setting_key(setting), trial.number)
+        if first != trial.number:
+            # the setting was tried (or is running) already: recorded, not counted, left out of
+            # TPE's model (a failed trial) so that it proposes elsewhere
+            trial.set_user_attr("duplicate_of", first)
+            self.study.tell(trial, state=self.states.FAIL)
+            self.claims.pop(trial.number).release()
+            self.repeats += 1
+            return None
+        self.repeats = 0
+        self.runs[trial.number] = run
+        return trial, run
+
+    def tell(self, trial: Any, outcome: Outcome) -> None:
+        state, value, message = outcome
+        if not message.startswith("read back"):
+            self.plan.ran.add(self.runs[trial.number].name)
+        states = self.states
+        if state == "complete":
+            self.study.tell(trial, value, skip_if_finished=True)
+        else:
+            # a failed trial is left out of TPE's model, a pruned one counts with its last value:
+            # a diverged trial (e.g. lr too large) counts, so the sampler moves away from it
+            if state == "diverged":
+                trial.set_user_attr("diverged", True)
+            failed = state not in ("pruned", "diverged")
+            self.study.tell(trial, state=states.FAIL if failed else states.PRUNED, skip_if_finished=True)
+        self.claims.pop(trial.number).release()
+        shown = f"{value:.4f}" if value is not None else "—"
+        params = " ".join(f"{k}={_short(v)}" for k, v in trial.user_attrs.get("setting", trial.params).items())
+        self.report(f"  trial {trial.number}: {params} → {self.plan.settings.objective} {shown} ({state}; {message})")
+        write_record(self.plan, self.study)
+
+    def touch_claims(self) -> None:
+        for claim in self.claims.values():
+            claim.touch()
+
+    def interrupt_own(self) -> None:
+        """This process stops (an exception, Ctrl-C) with trials running: mark them interrupted
+        and let go of their claims, so that the next command runs them at once."""
+        for number, claim in list(self.claims.items()):
+            try:
+                trial = self.study.get_trials(deepcopy=False)[number]
+                if trial.state == self.states.RUNNING:
+                    self._interrupt(trial)
+            except Exception:  # the journal cannot be written: a dead claim is taken over later
+                continue
+            finally:
+                claim.release()
+        self.claims.clear()
+
+    def drive(self, budget: int, trials: TrialRunner) -> None:
+        """Ask and run trials until ``budget`` settings count, the space runs out of new
+        settings, and no other process still runs a trial of the study."""
+        try:
+            while True:
+                taken, others = self.tally()
+                if len(taken) < budget and self.repeats < MAX_REPEATS and trials.has_room():
+                    asked = self.ask()
+                    if asked is not None:
+                        trials.launch(*asked)
+                    continue
+                if trials.busy():
+                    trials.collect()
+                    self.touch_claims()
+                    continue
+                if self.repeats >= MAX_REPEATS and not self.exhausted:
+                    self.exhausted = True
+                    self.report(
+                        f"{self.plan.describe()}: {MAX_REPEATS} proposals in a row repeated settings already "
+                        f"tried: the space holds only {len(taken)} distinct settings (after rounding), "
+                        f"not the {budget} asked for; stopping at {len(taken)}"
+                    )
+                if not others:
+                    return
+                if tuple(others) != self.waiting_on:
+                    self.waiting_on = tuple(others)
+                    owners = (claim_owner(self.claim_of(n).paths) for n in others)
+                    running = ", ".join(
+                        f"{n} ({describe_owner(owner) if owner else 'being claimed'})"
+                        for n, owner in zip(others, owners)
+                    )
+                    self.report(f"{self.plan.describe()}: waiting for trials another process is running: {running}")
+                time.sleep(CLAIM_POLL_S)
+        finally:
+            self.interrupt_own()
+
+
+class TrialRunner:
+    """Runs the driver's trials: one at a time in this process (the base class), in worker
+    processes, or as Ray tasks."""
+
+    def __init__(self, driver: StudyDriver, plugins: tuple[str, ...]) -> None:
+        self.driver, self.plugins = driver, plugins
+
+    def has_room(self) -> bool:
+        return True
+
+    def busy(self) -> bool:
+        return False
+
+    def launch(self, trial: Any, run: SweepRun) -> None:
+        claim = self.driver.claims[trial.number].paths.claim
+        self.driver.tell(trial, run_trial(self.driver.plan, trial._trial_id, run, self.plugins, claim))
+
+    def collect(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
 
 
 def run_study(
@@ -378,139 +813,128 @@ def run_study(
     report: Callable[[str], None] = lambda line: None,
     ray: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run the study's remaining trials, then the best setting over the seeds; returns the record."""
-    optuna = require_optuna()
+    """Run the study's remaining trials; returns the study record."""
     if ray is None and jobs > 1:  # each trial's share of the threads, before its run is named
         plan.base = dataclasses.replace(plan.base, threads=threads_per_job(plan.base.threads, jobs))
     if plan.force:  # --force redoes everything: the study starts over, its trials run again
         for suffix in (".journal", ".json"):
             plan.path(suffix).unlink(missing_ok=True)
+    warning = repair_journal(plan.path(".journal"))
+    if warning:
+        report(f"warning: {warning}")
     study = open_study(plan, jobs)
-    states = optuna.trial.TrialState
-    for stale in study.get_trials(deepcopy=False, states=(states.RUNNING,)):  # the command stopped meanwhile
-        study.tell(stale.number, state=states.FAIL, skip_if_finished=True)
-        study.set_user_attr(f"interrupted_{stale.number}", True)
-        study.enqueue_trial(stale.params)
-    interrupted = {int(k.split("_")[1]) for k in study.user_attrs if k.startswith("interrupted_")}
-    counted = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and t.number not in interrupted]
+    so_far = len(study.get_trials(deepcopy=False))
+    if so_far:  # a continued study: its sampler must not replay the proposals it made before
+        study.sampler = make_sampler(plan, jobs, so_far)
     budget = plan.settings.trials
-    if plan.settings.sampler == "grid":
-        budget = min(budget, grid_points(plan.space))
-    todo = max(0, budget - len(counted))
-    if counted:
-        report(f"{plan.describe()}: {len(counted)} trials already in {plan.path('.journal')}, {todo} to go")
-    dists = distributions(plan.space)
-    runs: dict[int, SweepRun] = {}
-
-    def ask() -> tuple[Any, SweepRun]:
-        trial = study.ask(dists)
-        setting = rounded_setting(plan.space, dict(trial.params))
-        run = plan.run_of(setting)
-        trial.set_user_attr("setting", setting)
-        trial.set_user_attr("run", run.name)
-        runs[trial.number] = run
-        return trial, run
-
-    def tell(trial: Any, outcome: tuple[str, float | None, str]) -> None:
-        state, value, message = outcome
-        if not message.startswith("read back"):
-            plan.ran.add(runs[trial.number].name)
-        if state == "complete":
-            study.tell(trial, value)
-        else:
-            # a failed trial is left out of TPE's model, a pruned one counts with its last value:
-            # a diverged trial (e.g. lr too large) counts, so the sampler moves away from it
-            if state == "diverged":
-                trial.set_user_attr("diverged", True)
-            study.tell(trial, state=states.PRUNED if state in ("pruned", "diverged") else states.FAIL)
-        shown = f"{value:.4f}" if value is not None else "—"
-        params = " ".join(f"{k}={_short(v)}" for k, v in trial.user_attrs.get("setting", trial.params).items())
-        report(f"  trial {trial.number}: {params} → {plan.settings.objective} {shown} ({state}; {message})")
-        write_record(plan, study)
-
+    size = distinct_settings(plan.space, budget)
+    if size is not None and size < budget:
+        report(
+            f"{plan.describe()}: the space holds {size} distinct settings (floats rounded to "
+            f"{SIGNIFICANT_DIGITS} significant digits): {size} trials, not {budget}"
+        )
+        budget = size
+    driver = StudyDriver(plan, study, report)
+    taken, _ = driver.tally()
+    if taken:
+        report(
+            f"{plan.describe()}: {len(taken)} trials already in {plan.path('.journal')}, {max(0, budget - len(taken))} to go"
+        )
+    trials: TrialRunner
     if ray is not None:
-        _trials_on_ray(plan, todo, jobs, plugins, ask, tell, ray)
-    elif jobs <= 1:
-        for _ in range(todo):
-            trial, run = ask()
-            tell(trial, run_trial(plan, trial._trial_id, run, plugins))
+        trials = RayTrials(driver, plugins, jobs, ray)
+    elif jobs > 1:
+        trials = PoolTrials(driver, plugins, jobs)
     else:
-        _trials_in_pool(plan, todo, jobs, plugins, ask, tell)
+        trials = TrialRunner(driver, plugins)
+    try:
+        driver.drive(budget, trials)
+    finally:
+        trials.close()
     return write_record(plan, study)
 
 
-def _trials_in_pool(
-    plan: StudyPlan,
-    todo: int,
-    jobs: int,
-    plugins: tuple[str, ...],
-    ask: Callable[[], tuple[Any, SweepRun]],
-    tell: Callable[[Any, tuple[str, float | None, str]], None],
-) -> None:
-    """``todo`` trials, ``jobs`` at a time in spawned worker processes (threads shared out)."""
-    context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=die_with_parent, initargs=(os.getpid(),))
-    in_flight: dict[Future, Any] = {}
-    asked = 0
-    try:
-        while asked < todo or in_flight:
-            while asked < todo and len(in_flight) < jobs:
-                trial, run = ask()
-                in_flight[pool.submit(_trial_in_worker, plan, trial._trial_id, run, plugins)] = trial
-                asked += 1
-            done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-            for future in done:
-                trial = in_flight.pop(future)
-                try:
-                    outcome = future.result()
-                except Exception as error:  # the worker died
-                    outcome = ("failed", None, f"worker failed: {type(error).__name__}: {error}")
-                tell(trial, outcome)
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+class PoolTrials(TrialRunner):
+    """``jobs`` trials at a time in spawned worker processes (threads shared out); the driver's
+    process holds their claims."""
+
+    COLLECT_S = 30.0  # the driver wakes at least this often to touch its trials' claims
+
+    def __init__(self, driver: StudyDriver, plugins: tuple[str, ...], jobs: int) -> None:
+        super().__init__(driver, plugins)
+        context = multiprocessing.get_context("spawn")
+        self.jobs = jobs
+        self.pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=die_with_parent, initargs=(os.getpid(),))
+        self.in_flight: dict[Future, Any] = {}
+
+    def has_room(self) -> bool:
+        return len(self.in_flight) < self.jobs
+
+    def busy(self) -> bool:
+        return bool(self.in_flight)
+
+    def launch(self, trial: Any, run: SweepRun) -> None:
+        claim = self.driver.claims[trial.number].paths.claim
+        future = self.pool.submit(_trial_in_worker, self.driver.plan, trial._trial_id, run, self.plugins, claim)
+        self.in_flight[future] = trial
+
+    def collect(self) -> None:
+        done, _ = wait(self.in_flight, timeout=self.COLLECT_S, return_when=FIRST_COMPLETED)
+        for future in done:
+            trial = self.in_flight.pop(future)
+            try:
+                outcome = future.result()
+            except Exception as error:  # the worker died
+                outcome = ("failed", None, f"worker failed: {type(error).__name__}: {error}")
+            self.driver.tell(trial, outcome)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _trials_on_ray(
-    plan: StudyPlan,
-    todo: int,
-    jobs: int,
-    plugins: tuple[str, ...],
-    ask: Callable[[], tuple[Any, SweepRun]],
-    tell: Callable[[Any, tuple[str, float | None, str]], None],
-    ray: dict[str, Any],
-) -> None:
-    """``todo`` trials as Ray tasks (``sweeps.on_ray``), ``jobs`` per batch; the per-round values
-    are reported from rounds.jsonl once a batch is in (no pruning: workers do not share the study)."""
-    from pflbench.sweeps.on_ray import run_sweep_on_ray
-    from pflbench.sweeps.record import sweep_record_path
+class RayTrials(TrialRunner):
+    """Trials as Ray tasks (``sweeps.on_ray``), ``jobs`` per batch; the per-round values are
+    reported from rounds.jsonl once a batch is in (no pruning: workers do not share the study)."""
 
-    optuna = require_optuna()
-    remaining = todo
-    while remaining > 0:
-        batch = [ask() for _ in range(min(jobs, remaining))]
-        remaining -= len(batch)
-        runs = [run for _, run in batch]
-        grid = Grid((plan.cell.config.algo,), (plan.cell.config.dataset,), (plan.cell.config.alpha,), plan.seeds[:1])
+    def __init__(self, driver: StudyDriver, plugins: tuple[str, ...], jobs: int, ray: dict[str, Any]) -> None:
+        super().__init__(driver, plugins)
+        self.jobs, self.ray = jobs, ray
+        self.batch: list[tuple[Any, SweepRun]] = []
+
+    def has_room(self) -> bool:
+        return len(self.batch) < self.jobs
+
+    def busy(self) -> bool:
+        return bool(self.batch)
+
+    def launch(self, trial: Any, run: SweepRun) -> None:
+        self.batch.append((trial, run))
+
+    def collect(self) -> None:
+        from pflbench.sweeps.on_ray import run_sweep_on_ray
+        from pflbench.sweeps.record import sweep_record_path
+
+        optuna = require_optuna()
+        plan, batch, self.batch = self.driver.plan, self.batch, []
+        c = plan.cell.config
+        grid = Grid((c.algo,), (c.dataset,), (c.alpha,), plan.seeds[:1])
         record = sweep_record_path(plan.base.out, grid, plan.base)
+        runs = [run for _, run in batch]
+        cpus, gpus = self.ray["cpus"], self.ray["gpus"]
         run_sweep_on_ray(
-            runs, record, grid, plan.base, plugins, None, ray["cpus"], ray["gpus"], disconnect=False, force=plan.force
+            runs, record, grid, plan.base, self.plugins, None, cpus, gpus, disconnect=False, force=plan.force
         )
-        study = open_study(plan)
         for trial, run in batch:
             summary = read_json(run.run_dir / SUMMARY_FILE) if (run.run_dir / SUMMARY_FILE).is_file() else None
             if not isinstance(summary, dict):
-                tell(trial, ("failed", None, run.error or "no summary"))
+                self.driver.tell(trial, ("failed", None, run.error or "no summary"))
                 continue
-            live = optuna.trial.Trial(study, trial._trial_id)
-            last = None
-            for round_record in read_rounds(run.run_dir):
-                if round_record.get(plan.settings.round_metric) is not None:
-                    last = float(round_record[plan.settings.round_metric])
-                    live.report(last, round_record["round"])
-            if summary.get("status") == "diverged":
-                tell(trial, ("diverged", last, "diverged on Ray"))
-            else:
-                tell(trial, _outcome(summary, plan.settings.objective, "done on Ray"))
+            state, value, message = _read_back(
+                plan, optuna.trial.Trial(self.driver.study, trial._trial_id), run, summary
+            )
+            if run.status != "skipped":  # run now, not found finished
+                message = {"complete": "done on Ray", "diverged": "diverged on Ray"}.get(state, message)
+            self.driver.tell(trial, (state, value, message))
 
 
 SIGNIFICANT_DIGITS = 3
@@ -537,20 +961,25 @@ def trial_records(study: Any) -> list[dict[str, Any]]:
     interrupted = {int(k.split("_")[1]) for k in study.user_attrs if k.startswith("interrupted_")}
     records = []
     for trial in study.get_trials(deepcopy=False):
-        records.append(
-            {
-                "number": trial.number,
-                "state": "interrupted"
-                if trial.number in interrupted
-                else "diverged"
-                if trial.user_attrs.get("diverged")
-                else trial.state.name.lower(),
-                "params": dict(trial.user_attrs.get("setting", trial.params)),
-                "value": trial.value,
-                "run": trial.user_attrs.get("run"),
-                "per_round": {str(step): value for step, value in sorted(trial.intermediate_values.items())},
-            }
-        )
+        if trial.number in interrupted:
+            state = "interrupted"
+        elif "duplicate_of" in trial.user_attrs:  # a proposal of a setting tried already: not run
+            state = "duplicate"
+        elif trial.user_attrs.get("diverged"):
+            state = "diverged"
+        else:
+            state = trial.state.name.lower()
+        record = {
+            "number": trial.number,
+            "state": state,
+            "params": dict(trial.user_attrs.get("setting", trial.params)),
+            "value": trial.value,
+            "run": trial.user_attrs.get("run"),
+            "per_round": {str(step): value for step, value in sorted(trial.intermediate_values.items())},
+        }
+        if state == "duplicate":
+            record["duplicate_of"] = trial.user_attrs["duplicate_of"]
+        records.append(record)
     return records
 
 
@@ -615,11 +1044,25 @@ def final_record(plan: StudyPlan, runs: list[SweepRun]) -> dict[str, Any]:
         values = [s[metric] for s in per_seed if s.get(metric) is not None]
         if values:
             aggregate[metric] = {
-                "mean": statistics.fmean(values),
-                "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+                "mean": mean(values),
+                "std": sample_std(values),  # the leaderboard's std (n − 1); None for one seed
                 "n": len(values),
             }
     return {"seeds": per_seed, "metrics": aggregate}
+
+
+def claimed_elsewhere(runs: list[SweepRun], report: Callable[[str], None]) -> list[SweepRun]:
+    """The runs a sweep left to another live process (status ``claimed``: another ``pflbench
+    tune`` on this ``--out`` runs the same chosen setting), once that process has let go of
+    them: to be swept again (finished: read back; its process died: resumed)."""
+    claimed = [run for run in runs if run.status == "claimed"]
+    for run in claimed:
+        owner = claim_owner(RunPaths(run.run_dir))
+        if owner is not None:
+            report(f"tune: waiting for {run.name}: another process is running it ({describe_owner(owner)})")
+        while claim_owner(RunPaths(run.run_dir)) is not None:
+            time.sleep(CLAIM_POLL_S)
+    return claimed
 
 
 def finish_study(plan: StudyPlan, runs: list[SweepRun]) -> dict[str, Any]:
