@@ -16,6 +16,8 @@ global model (a model without its BN statistics has no accuracy of its own), so 
 null. A model without BatchNorm layers is refused (ConfigError): FedBN on it would silently be
 FedAvg. Use ``--model cnn_bn`` (or a timm model with BN, e.g. resnet18).
 
+Hyperparameters: none of its own (the run's local settings apply).
+
 New clients (``--new-clients``): the shared weights (frozen) with fresh BatchNorm layers (γ = 1,
 β = 0, fresh statistics) trained on the client's train split for ``--local-epochs`` epochs, the
 running statistics updated as in training (``Algorithm``'s default: the private part is BN).

@@ -57,6 +57,9 @@ mentor (``fedkd.mentor.<name>``, one full model per client). Up: the compressed 
 or the mentee (``none``); down: the mentee. Evaluation: ``pers_acc`` uses each client's mentor (the
 model that stays with the client and which PFLlib evaluates); ``global_acc`` the mentee.
 
+Defaults: the paper's — ``--compression svd`` (its energy thresholds above) and the hidden-state
+loss at weight 1 (``--hidden-weight``; 0 switches it off).
+
 New clients (``--new-clients``): a new client has no mentor; it is served by the global mentee as
 it is (with ``--finetune-epochs E`` also fine-tuned: ``new_acc_ft``). The local update is its own
 loop (two models), so ``--executor vmap`` and ``--dp`` refuse it.

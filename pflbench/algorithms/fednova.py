@@ -50,6 +50,8 @@ Measured on digits (10 clients, α 0.1, 10 rounds, mlp, 2 local epochs, SGD lr 0
 τ_k from 4 to 12): global accuracy 0.850 against FedAvg's 0.821, with momentum 0.9 0.925 against
 0.876.
 
+Hyperparameters: none of its own; a_k reads the run's ``--momentum`` (default 0, plain SGD).
+
 ``round_diagnostics`` logs τ_eff and the round's smallest and largest τ_k (``fednova_tau_eff``,
 ``fednova_steps_min``, ``fednova_steps_max`` in rounds.jsonl). No server state across rounds.
 

@@ -5,6 +5,10 @@ The model is split into a shared body and a private head (the last ``--head-laye
 layers, as the model declares them). Clients train body and head jointly; only the body is
 uploaded and averaged (sample-weighted); each client keeps its head across rounds.
 
+Defaults: no hyperparameters of its own. The split is the run's ``--head-layers`` (default 1,
+this suite's choice for every decoupling method); the paper's experiments keep the last one or
+two layers personal.
+
 New clients (``--new-clients``): the trained body (frozen) with a fresh head (the initial one)
 trained on the client's train split for ``--local-epochs`` epochs (``Algorithm``'s default).
 """

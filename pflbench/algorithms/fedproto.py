@@ -25,13 +25,20 @@ Choices the paper leaves open, and what the authors' code (yuetan031/FedProto) a
 - Which representations form C_k^(j): both codes average the representations seen *during*
   local training (train mode, every epoch). We compute Eq. 4 as written: one pass over the
   train split after local training, with the trained model in eval mode.
-- Inference (``--proto-inference``): ``prototype`` (default) predicts the class of the nearest
-  global prototype, argmin_j ‖f_k(x) − C̄^(j)‖² over the classes that have one — PFLlib's
-  evaluation and the authors' "with protos" accuracy (their code restricts the argmin to the
-  classes the client holds, an oracle we do not use, and never resets its counters, so its printed
-  per-client numbers are running totals over clients and both predictions). Before any global prototype
-  exists the head predicts. ``head`` evaluates the local model's own classifier h_k(f_k(x))
-  (the authors' "w/o protos" number).
+- Inference (``--proto-inference``). The paper predicts the class of the nearest global
+  prototype, argmin_j ‖f_k(x) − C̄^(j)‖², in its setting where each client is its own n-way task
+  ("the first client is to recognize the digits {2, 3, 4}") tested on its own classes; the
+  authors' code restricts the argmin to the classes the client holds (``classes_list[idx]``).
+  ``own-classes`` (default) does the same: the argmin runs over the classes of the client's train
+  split (``own_classes``, a private buffer the client sets from its class counts each round — its
+  own data, not its test labels) that have a global prototype. ``prototype`` runs it over every
+  class with a global prototype (PFLlib's evaluation); on label-skewed clients it confuses a
+  client's classes with prototypes of classes it never saw, built in other clients' feature
+  spaces. Measured (digits, Dir(0.1), cnn_bn, 20 clients, 20 rounds, SGD lr 0.05, seeds 0–2,
+  pers_acc, one machine): prototype 66.0%, own-classes 83.9%, head 95.7%; Local 95.7%. The
+  default follows the paper's setting and the authors' evaluation, not the best number here. ``head`` evaluates the local model's own classifier h_k(f_k(x)) (the authors' "w/o
+  protos" number). Before any global prototype exists the head predicts. (The authors' code also
+  never resets its accuracy counters, so its printed per-client numbers are running totals.)
 
 Implementation: the final classifier layer becomes a ``PrototypeLinear`` (an ``nn.Linear`` with
 the same parameter names) that holds the global prototypes and their sample mass as buffers —
@@ -107,6 +114,14 @@ def aggregate_prototypes(
     return weighted / mass.clamp(min=1).unsqueeze(1), mass  # type: ignore[operator]
 
 
+def own_class_mask(present: torch.Tensor, own_classes: torch.Tensor | None) -> torch.Tensor:
+    """The classes nearest-prototype inference may predict: those with a global prototype, and,
+    with ``own_classes`` (a client's train-split class indicator) set, only its own among them."""
+    if own_classes is None or not bool((own_classes > 0).any()):
+        return present  # no own-class record yet (a client that never trained): every class
+    return present & (own_classes > 0)
+
+
 def nearest_prototype_scores(
     representations: torch.Tensor, prototypes: torch.Tensor, present: torch.Tensor
 ) -> torch.Tensor:
@@ -118,7 +133,9 @@ def nearest_prototype_scores(
 class PrototypeLinear(nn.Linear):
     """The final classifier (same parameter names as the ``nn.Linear`` it replaces) holding the
     global prototypes (``prototypes`` C × D, ``prototype_mass`` C) as buffers. With ``nearest``,
-    eval mode predicts by the nearest prototype once one exists; training always uses the head."""
+    eval mode predicts by the nearest prototype once one exists; training always uses the head.
+    ``restrict_to_own_classes`` adds a private buffer ``own_classes`` (C, 1 = a class of the
+    client's train split) that limits the prediction to those classes."""
 
     def __init__(
         self, in_features: int, out_features: int, bias: bool = True, device: Any = None, dtype: Any = None
@@ -128,9 +145,12 @@ class PrototypeLinear(nn.Linear):
         self.register_buffer("prototype_mass", torch.zeros(out_features, device=device, dtype=dtype))
         self.nearest = False
 
+    def restrict_to_own_classes(self) -> None:
+        self.register_buffer("own_classes", torch.zeros_like(self.prototype_mass))
+
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         if self.nearest and not self.training:
-            present = self.prototype_mass > 0
+            present = own_class_mask(self.prototype_mass > 0, getattr(self, "own_classes", None))
             if bool(present.any()):
                 return nearest_prototype_scores(features, self.prototypes, present)
         return super().forward(features)
@@ -172,10 +192,11 @@ def install_prototype_head(model: nn.Module, algo: str) -> str:
 class FedProtoHyperparameters:
     proto_weight: float = option(1.0, "λ: weight of the prototype distance in the local loss (the authors' 1).")
     proto_inference: str = option(
-        "prototype",
-        "How a client predicts: prototype (the nearest global prototype, as the authors and PFLlib evaluate) "
-        "or head (its own classifier).",
-        choices=("prototype", "head"),
+        "own-classes",
+        "How a client predicts: own-classes (the nearest global prototype among the classes of its train "
+        "split, as the authors' code evaluates), prototype (among every class, as PFLlib) or head (its own "
+        "classifier).",
+        choices=("own-classes", "prototype", "head"),
     )
 
     def validate(self) -> None:
@@ -219,6 +240,7 @@ class FedProtoProgram(ClientProgram[Any]):
             prototypes, counts = job_program.local_prototypes(trainer)
         finally:
             handle.remove()
+        record_own_classes(trainer, self.head_module, counts)
         result.upload = {UPLOADED_PROTOTYPES: prototypes, UPLOADED_COUNTS: counts}
         return result
 
@@ -241,6 +263,20 @@ class FedProtoProgram(ClientProgram[Any]):
         return sums / counts.clamp(min=1).unsqueeze(1), counts
 
 
+def record_own_classes(trainer, head_module: str, counts: torch.Tensor) -> None:
+    """Set the client's ``own_classes`` buffer (private state) to its train split's classes
+    (count > 0), when its head has one (``--proto-inference own-classes``)."""
+    name = f"{head_module}.own_classes"
+    if name in trainer.state:
+        trainer.state[name].copy_((counts > 0).to(trainer.state[name].dtype))
+
+
+def train_class_counts(trainer) -> torch.Tensor:
+    """Samples per class of the client's train split (its labels, as FedGen reads them)."""
+    labels = trainer.data.labels[trainer.data.train_indices[trainer.job.client_id]]
+    return torch.bincount(labels, minlength=trainer.data.num_classes)
+
+
 class FedProtoNewClientProgram(FedProtoProgram):
     """A new client: ``epochs`` epochs of FedProto's local loss over its whole (initial) model
     against the received global prototypes; uploads the trained model state (evaluated)."""
@@ -258,6 +294,7 @@ class FedProtoNewClientProgram(FedProtoProgram):
             result = standard_local_update(job_program, trainer)
         finally:
             handle.remove()
+        record_own_classes(trainer, self.head_module, train_class_counts(trainer))
         result.upload = {n: trainer.state[n].detach().clone() for n in trainer.job.received}
         result.private = {}
         return result
@@ -285,18 +322,21 @@ class FedProto(Algorithm[Any]):
 
     @classmethod
     def nearest_prototype_inference(cls, hparams: Any) -> bool:
-        return hparams.proto_inference == "prototype"
+        return hparams.proto_inference in ("own-classes", "prototype")
 
     @classmethod
     def configure_model(cls, model: nn.Module, config: RunConfig, hparams: Any) -> dict[str, Any]:
         record = super().configure_model(model, config, hparams)
         name = install_prototype_head(model, cls.__name__.lower())
-        nearest = cls.nearest_prototype_inference(hparams)
-        model.get_submodule(name).nearest = nearest
-        return {
-            **record,
-            "prototype_head": f"{name} (prototypes: its input; {'nearest prototype' if nearest else 'head'} inference)",
-        }
+        head = model.get_submodule(name)
+        head.nearest = cls.nearest_prototype_inference(hparams)
+        inference = "head"
+        if head.nearest:
+            inference = "nearest prototype"
+            if hparams.proto_inference == "own-classes":  # FedPAC never gets here (head inference)
+                head.restrict_to_own_classes()
+                inference = "nearest prototype of the client's own classes"
+        return {**record, "prototype_head": f"{name} (prototypes: its input; {inference} inference)"}
 
     def __init__(self, config: RunConfig, hparams: Any, model: nn.Module, num_train: list[int]) -> None:
         self.head_module = head_module_names(model, 1)[0]

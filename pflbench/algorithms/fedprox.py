@@ -3,6 +3,9 @@
 
 FedAvg plus the proximal term (μ/2)·‖w_k − w‖² in every local loss; aggregation unchanged.
 
+Defaults: ``--mu`` μ = 0.01, one value of the paper's grid {0.001, 0.01, 0.1, 1} (the paper tunes
+μ per data set; which one is this suite's choice).
+
 New clients (``--new-clients``): served by the global model as it is (with
 ``--finetune-epochs E`` also fine-tuned for E epochs: ``new_acc_ft``; ``Algorithm``'s default).
 """

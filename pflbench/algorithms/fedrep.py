@@ -6,6 +6,10 @@ the head with the body frozen, then ``--local-epochs`` epochs on the body with t
 frozen. Only the body is uploaded. Each phase gets its own optimizer over its own
 parameters, so momentum or weight decay can never move a frozen part.
 
+Defaults: ``--head-epochs`` 10, the paper's ten head epochs per round (followed by one epoch of
+the representation, here ``--local-epochs``; the authors' code: ``local_ep`` 11 with
+``local_rep_ep`` 1); the body/head split is the run's ``--head-layers`` (default 1).
+
 New clients (``--new-clients``): the trained body (frozen) with a fresh head trained on the
 client's train split for ``--head-epochs`` epochs — FedRep's own head phase, which is how the
 paper adapts its learned representation to new clients.

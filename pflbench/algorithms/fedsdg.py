@@ -36,7 +36,9 @@ defaults; this implementation follows the notes (the departures are documented, 
 
 Their shipped defaults: uniform FedAvg aggregation (``--server-agg fedavg`` here), λ₁ = 0.01,
 λ₂ = 1e-3, gate lr 0.1, gate logit init −2 (m ≈ 0.12); here the notes' values: alignment
-aggregation, λ₁ = 1e-3, λ₂ = 1e-4, ``--lr-gate`` 1e-2, logit 0 (m = 0.5).
+aggregation, λ₁ = 1e-3, λ₂ = 1e-4, ``--lr-gate`` 1e-2, logit 0 (m = 0.5). ``--lr-private`` 1e-3
+(η_p) and ``--gate-penalty l1`` are the notes' too; ``--agg-epsilon`` ε = 1e-8 is this suite's
+guard against a zero norm in the alignment weights (it moves no weight at ordinary norms).
 
 The private penalty ‖θ_p‖²: its definition is the notes' (Σ of squares of every ``*_private``
 tensor, unnormalised, no ½), and its start is ≈ 0 as they say (A_p = 0; B_p contributes

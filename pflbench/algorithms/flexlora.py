@@ -2,7 +2,9 @@
 Tasks and Client Resources", NeurIPS 2024 (arXiv:2402.11505).
 
 LoRA fine-tuning where client k has its own rank r_k (``--rank-dist``, drawn once from the
-``ranks`` stream). Backbone frozen, LoRA on ``--lora-targets``, classifier head trained and
+``ranks`` stream). Defaults: ``--rank-dist uniform`` over ``--rank-set`` {4, 8, 16, 32}, the
+suite's specification (SPEC.md; the paper studies uniform and heavy-tail rank distributions of
+this kind; ``heavy-tail`` puts 80% of the clients at the smallest rank). Backbone frozen, LoRA on ``--lora-targets``, classifier head trained and
 averaged FedAvg-style. Per adapted layer the server aggregates the full-size
 ΔW = Σ_k (n_k/Σn)·s_k·B_k·A_k (s_k = α/r_k), takes U, S, Vᵀ = SVD(ΔW) (exactly, from the
 stacked factors without forming the out×in matrix: ``factored_svd``) and sends client k

@@ -1,6 +1,7 @@
 """Local — every client trains its own model from the same init and never communicates.
 
 The lower bound personalized methods must beat (often strong under heavy label skew).
+Hyperparameters: none of its own (the run's local settings apply).
 
 New clients (``--new-clients``): nothing is shared, so a new client gets what the federation
 gives every method's newcomer as adaptation budget: its own model, trained from the initial

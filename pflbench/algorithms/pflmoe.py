@@ -33,7 +33,9 @@ Choices the paper leaves open, and what the authors' code does:
   the fully connected layers; here v_k is a whole copy of the model (any zoo or timm model whose
   final layer is an ``nn.Linear``).
 - Optimizers: the authors fine-tune with SGD (lr 1e-3, momentum 0.9, wd 5e-4) and train the gate
-  with Adam (wd 5e-4) for 200 epochs; here all three phases use the run's local optimizer.
+  with Adam (wd 5e-4) for 200 epochs; here all three phases use the run's local optimizer, and
+  ``--gate-epochs`` defaults to ``--local-epochs`` (this suite's choice: every phase gets the
+  run's local budget, not the authors' 200 gate epochs per round).
 - Mixing weights: the authors' g weighs the global output; here g weighs the personal one (the
   same family of mixtures, g ↔ 1 − g).
 

@@ -18,6 +18,8 @@ from pflbench.algorithms.fedamp import (
     attention_coefficients,
     attention_derivative,
     cloud_model,
+    default_sigma,
+    self_weight_floor,
 )
 from pflbench.algorithms.fedas import (
     FISHER,
@@ -267,6 +269,34 @@ def test_fedamp_attention_weights_hand_computed() -> None:
     )
     assert u["w"].item() == pytest.approx(0.25 * 4 + 0.5 * 0 + 0.25 * 8)
     assert attention_coefficients([], 1.0, 1.0) == (1.0, [])  # alone: u_i = w_i
+
+
+def test_fedamp_default_sigma_keeps_the_self_weight_at_least_a_half() -> None:
+    """A'(x) ≤ 1/σ, so ξ_ii ≥ 1 − α_k·(K − 1)/σ, reached at distance 0. PFLlib's σ = α_k = 1 with
+    20 clients: 1 − 19 = −18. The default σ = 2·α_k·(K − 1) = 38: ξ_ii = 1 − 19/38 = ½ when all
+    19 others sit on w_i, and 1 − 19·e^{−38/38}/38 = 1 − e^{−1}/2 ≈ 0.816 at distance² 38."""
+    assert self_weight_floor(1.0, 1.0, 19) == pytest.approx(-18.0)
+    assert default_sigma(1.0, 19) == 38.0 and default_sigma(0.5, 4) == 4.0 and default_sigma(1.0, 0) == 2.0
+    assert self_weight_floor(1.0, 38.0, 19) == pytest.approx(0.5)
+    assert attention_coefficients([0.0] * 19, 1.0, 38.0)[0] == pytest.approx(0.5)
+    assert attention_coefficients([38.0] * 19, 1.0, 38.0)[0] == pytest.approx(1 - math.exp(-1.0) / 2)
+    assert attention_coefficients([0.0] * 19, 1.0, 1.0)[0] == pytest.approx(-18.0)  # what σ = 1 gave
+    model = tiny_model()
+    config = RunConfig(algo="fedamp", num_clients=5, **RESOLVED)
+    algorithm = FedAMP(config, FedAMPHyperparameters(alpha_k=0.5), model, [6] * 5)
+    assert algorithm.sigma == 4.0 and algorithm.run_info() == {"fedamp_sigma": 4.0}  # 2·0.5·(5 − 1)
+    assert FedAMP(config, FedAMPHyperparameters(sigma=7.0), model, [6] * 5).sigma == 7.0
+
+
+def test_fedamp_refuses_a_sigma_that_makes_the_self_weight_negative(tmp_path: Path) -> None:
+    """σ < α_k·(K − 1) lets ξ_ii go below 0: one Error line naming the bound; σ = α_k·(K − 1)
+    (ξ_ii ≥ 0, equal at distance 0) is accepted."""
+    with pytest.raises(ConfigError, match=r"--sigma 1 .*--alpha-k 1 and 4 training clients.*--sigma ≥ .* = 3") as error:
+        prepare(tiny_run("fedamp", tmp_path / "bad"), {"sigma": 1.0})
+    assert "\n" not in str(error.value)
+    prepare(tiny_run("fedamp", tmp_path / "edge"), {"sigma": 3.0})
+    with pytest.raises(ConfigError, match="--sigma 2.9"):
+        prepare(tiny_run("fedamp", tmp_path / "near"), {"sigma": 2.9})
 
 
 def test_fedamp_cloud_model_and_attention_term_wiring() -> None:

@@ -3,6 +3,7 @@ the wiring: what travels (and its bytes), what stays private, what the server le
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -13,12 +14,14 @@ from pflbench.algorithms.fedgen import (
     GENERATOR,
     LABEL_COUNTS,
     LABEL_DISTRIBUTION,
+    FedGenHyperparameters,
     adam_step,
     decayed_weight,
     diversity_loss,
     generate,
     label_distribution,
     label_weights,
+    resolved_generative_weights,
     teacher_loss,
 )
 from pflbench.algorithms.fedkd import (
@@ -33,6 +36,7 @@ from pflbench.algorithms.fedkd import (
     kept_rank,
     mutual_distillation_terms,
 )
+from pflbench.config.groups import LocalSpec
 from pflbench.config.run_config import RunConfig
 from pflbench.errors import ConfigError
 from pflbench.runs.prepare import prepare
@@ -167,6 +171,31 @@ def test_fedgen_clients_add_the_generated_terms_only_once_a_generator_exists(tmp
         second.loss_terms["task"]
         + (32 / 32) * 10 * 0.98 * second.loss_terms["generated"]
         + 10 * 0.98 * second.loss_terms["latent"],
+        rel=1e-5,
+    )
+
+
+def test_fedgen_default_alpha_beta_keep_the_authors_alpha_times_lr(tmp_path: Path) -> None:
+    """α·lr = β·lr = 10 × 0.01 = 0.1 under SGD: α = β = 2 at lr 0.05, 1 at 0.1; Adam keeps 10; a
+    given weight is used as is (the other still follows the rule). The client's round-2 loss weighs
+    the generated term by (B̂/B)·α·0.98 (B̂ = B = 32)."""
+    sgd = LocalSpec(epochs=1, batch_size=32, lr=0.05, optimizer="sgd", momentum=0.0, weight_decay=0.0, max_grad_norm=0)
+    assert resolved_generative_weights(FedGenHyperparameters(), sgd) == pytest.approx((2.0, 2.0))
+    assert resolved_generative_weights(FedGenHyperparameters(), dataclasses.replace(sgd, lr=0.1)) == pytest.approx(
+        (1.0, 1.0)
+    )
+    assert resolved_generative_weights(FedGenHyperparameters(), dataclasses.replace(sgd, optimizer="adam")) == (
+        10.0,
+        10.0,
+    )
+    assert resolved_generative_weights(FedGenHyperparameters(generative_alpha=1.0), sgd) == pytest.approx((1.0, 2.0))
+    harness = Harness(prepare(tiny_run("fedgen", tmp_path, rounds=1, optimizer="sgd", lr=0.05), {"generator_steps": 2}))
+    algorithm = harness.algorithm
+    assert algorithm.run_info()["fedgen_generative_alpha"] == pytest.approx(2.0)
+    algorithm.aggregate([harness.train_client(0, algorithm.broadcast(0), round_index=1)])
+    second = harness.train_client(0, algorithm.broadcast(0), round_index=2)
+    assert second.loss == pytest.approx(
+        second.loss_terms["task"] + 2 * 0.98 * second.loss_terms["generated"] + 2 * 0.98 * second.loss_terms["latent"],
         rel=1e-5,
     )
 

@@ -16,9 +16,11 @@ from pflbench.algorithms.fedcp import (
     FedCP,
     FedCPHyperparameters,
     client_vector,
+    lr_matched_weight,
     mixed_global_head,
     mmd_rbf,
     policy_masks,
+    resolved_mmd_weight,
 )
 from pflbench.algorithms.gpfl import (
     GPFL,
@@ -31,6 +33,7 @@ from pflbench.algorithms.gpfl import (
     squared_norm,
     valve,
 )
+from pflbench.config.groups import LocalSpec
 from pflbench.errors import ConfigError
 from pflbench.runs.prepare import prepare
 from pflbench.testing import Harness, tiny_run
@@ -140,6 +143,21 @@ def test_fedcp_mmd_weight_scales_the_loss(tmp_path: Path) -> None:
     off = Harness(prepare(tiny_run("fedcp", tmp_path / "off"), {"mmd_weight": 0.0}))
     update = off.train_client(0, {n: t.clone() for n, t in off.broadcast(0).items()})
     assert update.loss == pytest.approx(update.loss_terms["task"], rel=1e-6) and update.loss_terms["mmd"] > 0
+
+
+def test_fedcp_default_mmd_weight_keeps_the_authors_lambda_times_lr(tmp_path: Path) -> None:
+    """λ·lr = 5 × 0.005 = 0.025 under SGD: λ = 0.5 at lr 0.05, 0.25 at 0.1, 5 at the authors' 0.005;
+    Adam (steps independent of the loss scale) keeps λ = 5; a given --mmd-weight is used as is."""
+    sgd = LocalSpec(epochs=1, batch_size=32, lr=0.05, optimizer="sgd", momentum=0.0, weight_decay=0.0, max_grad_norm=0)
+    assert lr_matched_weight(5.0, 0.005, sgd) == pytest.approx(0.5)
+    assert lr_matched_weight(5.0, 0.005, dataclasses.replace(sgd, lr=0.1)) == pytest.approx(0.25)
+    assert lr_matched_weight(5.0, 0.005, dataclasses.replace(sgd, lr=0.005)) == pytest.approx(5.0)
+    assert lr_matched_weight(5.0, 0.005, dataclasses.replace(sgd, optimizer="adam")) == 5.0
+    assert resolved_mmd_weight(FedCPHyperparameters(), sgd) == pytest.approx(0.5)
+    assert resolved_mmd_weight(FedCPHyperparameters(mmd_weight=5.0), sgd) == 5.0
+    run = prepare(dataclasses.replace(tiny_run("fedcp", tmp_path), optimizer="sgd", lr=0.05))
+    assert run.algorithm.program.loss_weights == {"mmd": pytest.approx(0.5)}
+    assert run.algorithm.run_info() == {"fedcp_mmd_weight": pytest.approx(0.5)}
 
 
 # ---- GPFL: formulas ----------------------------------------------------------------------
@@ -276,7 +294,7 @@ def test_defaults_are_the_authors_and_both_are_representation_methods() -> None:
     for algorithm in (FedCP, GPFL):
         assert algorithm.method_family == "representation" and algorithm.display_name and algorithm.paper
     assert {f.name: f.default for f in dataclasses.fields(FedCPHyperparameters)} == {
-        "mmd_weight": 5.0,
+        "mmd_weight": None,  # the authors' λ·lr = 5 × 0.005 at the run's lr (test_fedcp_default_mmd_weight...)
         "policy_temperature": 1.0,
     }
     assert {f.name: f.default for f in dataclasses.fields(GPFLHyperparameters)} == {

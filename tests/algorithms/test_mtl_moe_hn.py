@@ -3,6 +3,7 @@ the defining formulas with hand-computed values, and what each algorithm sends, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch
 
 from pflbench.algorithms.fedmtl import (
     PEERS,
+    FedMTLHyperparameters,
     RegulariserTerms,
     mean_regularized_omega,
     task_relationship_penalty,
@@ -23,6 +25,7 @@ from pflbench.algorithms.pfedhn import (
     head_name,
     hypernetwork_gradient,
     layer_name,
+    regression_residual,
     sgd_step,
 )
 from pflbench.algorithms.pflmoe import GATE, GLOBAL, STARTED, mixture_of_experts
@@ -82,6 +85,16 @@ def test_the_regulariser_gradient_of_one_client_uses_the_others_models() -> None
     assert fast.item() == pytest.approx(10.0)
     (fast_gradient,) = torch.autograd.grad(fast, own)
     assert fast_gradient.tolist() == pytest.approx([-2.0, -4.0])
+
+
+def test_fedmtl_default_lambda_pulls_each_model_towards_the_others_mean() -> None:
+    """λ = 0.3 (the default). Own model w = 1 (d = 1) and 19 peers at 0 (m = 20): Ω_00 = 19/20,
+    c = 0, so ∂/∂w λ·tr(W Ω Wᵀ) = λ·2·Ω_00·w = 0.3·1.9 = 0.57 — the pull 2λ(1 − 1/m)(w − p̄)."""
+    assert FedMTLHyperparameters().lam == 0.3
+    terms = RegulariserTerms.of(torch.zeros(19, 1), mean_regularized_omega(20))
+    own = torch.ones(1, requires_grad=True)
+    (FedMTLHyperparameters().lam * terms.value(own)).backward()
+    assert own.grad.item() == pytest.approx(0.57)
 
 
 def test_fedmtl_without_regulariser_is_local_training(tmp_path: Path) -> None:
@@ -206,6 +219,47 @@ def test_pfedhn_server_steps_once_per_client_with_gradients_at_the_generating_ph
     assert all(torch.allclose(algorithm.hypernetwork[n], expected[n], atol=1e-7) for n in phi)
     assert all(torch.equal(algorithm.momentum_buffers[n], buffers[n]) for n in phi)
     assert algorithm.learning_rates[EMBEDDINGS] == hparams.hn_lr == 0.01
+
+
+def test_regression_residual_is_the_upload_at_the_generating_phi() -> None:
+    """θ_i = (4, −1) generated at φ^t, Δθ = (1, 0.5): θ̃ = (3, −1.5). At φ^t the residual is Δθ;
+    after the generated model moved to (3.5, −2) it is (0.5, −0.5)."""
+    at_upload, delta = {"w": torch.tensor([4.0, -1.0])}, {"w": torch.tensor([1.0, 0.5])}
+    assert regression_residual(at_upload, at_upload, delta)["w"].tolist() == [1.0, 0.5]
+    moved = {"w": torch.tensor([3.5, -2.0])}
+    assert regression_residual(moved, at_upload, delta)["w"].tolist() == [0.5, -0.5]
+
+
+def test_pfedhn_server_steps_per_upload(tmp_path: Path) -> None:
+    """--hn-server-steps 2 (default 1, the paper's): per client, the paper's step (VJP at φ^t with
+    Δθ), then one on ½‖h(v_i; φ) − θ̃_i‖² at the moved φ. By hand on the tiny linear hypernetwork
+    with lr 0.1, no momentum or decay, no clipping: step 1 moves head.b by −0.1·Δθ = (−0.1, 0.05)
+    among the rest; step 2's residual is h(v; φ₁) − θ̃."""
+    from pflbench.engine.types import ClientUpdate
+
+    assert prepare(tiny("pfedhn", tmp_path / "default")).algorithm.server_steps == 1
+    algorithm = prepare(tiny("pfedhn", tmp_path / "two"), {"hn_server_steps": 2}).algorithm
+    params, targets = tiny_linear_hypernetwork()
+    algorithm.hypernetwork = {n: t.clone() for n, t in params.items()}
+    algorithm.momentum_buffers = {n: torch.zeros_like(t) for n, t in params.items()}
+    algorithm.learning_rates = {n: 0.1 for n in params}
+    algorithm.targets = targets
+    algorithm.hparams = dataclasses.replace(
+        algorithm.hparams, hn_hidden_layers=0, hn_momentum=0.0, hn_weight_decay=0.0, hn_max_grad_norm=1e9
+    )
+    delta = {"w": torch.tensor([1.0, -0.5])}
+    algorithm.aggregate([ClientUpdate(0, 10, delta, {})])
+    # step 1 (test_hypernetwork_update_is_the_vjp_with_the_upload's gradient, lr 0.1):
+    # head.W = (1, −2) − 0.1·(6.5, −3.25) = (0.35, −1.675); head.b = (0.1, 0.2) − 0.1·(1, −0.5) = (0, 0.25);
+    # W0 = 3 − 0.4 = 2.6; b0 = 0.5 − 0.2 = 0.3; v = 2 − 0.6 = 1.4
+    # θ_1 = head(z₁), z₁ = 2.6·1.4 + 0.3 = 3.94: (0.35·3.94, −1.675·3.94 + 0.25) = (1.379, −6.3495)
+    # θ̃ = θ₀ − Δθ = (6.6, −12.8) − (1, −0.5) = (5.6, −12.3); residual r = (−4.221, 5.9505)
+    # step 2: head.b ← (0, 0.25) − 0.1·r = (0.4221, −0.34505)
+    assert algorithm.hypernetwork[head_name("w", "bias")].tolist() == pytest.approx([0.4221, -0.34505], abs=1e-5)
+    # head.W ← (0.35, −1.675) − 0.1·r·z₁ = (0.35 + 0.4221·3.94, −1.675 − 0.59505·3.94)
+    assert algorithm.hypernetwork[head_name("w", "weight")].flatten().tolist() == pytest.approx(
+        [0.35 + 0.4221 * 3.94, -1.675 - 0.59505 * 3.94], abs=1e-4
+    )
 
 
 def test_pfedhn_inner_steps_take_exactly_k_minibatch_steps(tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ from pflbench.algorithms.fedproto import (
     class_sums,
     install_prototype_head,
     nearest_prototype_scores,
+    own_class_mask,
     prototype_loss,
 )
 from pflbench.config.run_config import RunConfig
@@ -126,7 +127,8 @@ def fedproto(hparams: FedProtoHyperparameters = FedProtoHyperparameters(), sampl
 def test_fedproto_uploads_only_the_trained_models_class_means() -> None:
     data, model, algorithm = fedproto()
     assert algorithm.layout.shared == ("fc3.prototypes", "fc3.prototype_mass")
-    assert set(algorithm.layout.private) == {n for n, _ in model.named_parameters()}  # the whole model
+    # the whole model, and (own-classes inference, the default) the client's own-class record
+    assert set(algorithm.layout.private) == {n for n, _ in model.named_parameters()} | {"fc3.own_classes"}
     executor = SequentialExecutor(model, data)
     received = {n: t.clone() for n, t in algorithm.broadcast(0).items()}
     assert tensor_bytes(received) == (3 * 5 + 3) * 4  # C·D + C floats
@@ -135,7 +137,8 @@ def test_fedproto_uploads_only_the_trained_models_class_means() -> None:
     assert update.loss_terms["prototype"] == 0.0  # round 1: no global prototype yet
     # Eq. 4 with the trained model (eval mode)
     trained = MLP((4,), 3, hidden=5)
-    trained.load_state_dict({n: t for n, t in update.private.items()})
+    trained.load_state_dict({n: t for n, t in update.private.items() if n != "fc3.own_classes"})
+    assert update.private["fc3.own_classes"].tolist() == [1.0, 1.0, 1.0]  # tiny_data: every class
     inputs, labels = data.gather(torch.arange(12))
     with torch.no_grad():
         z = body(trained, inputs)
@@ -164,6 +167,54 @@ def test_fedproto_personal_model_predicts_by_the_current_global_prototypes() -> 
     personal = algorithm.personal_model(0)
     assert torch.equal(personal["fc3.prototypes"], torch.eye(3, 5))
     assert not FedProto.has_global_model
+
+
+def test_own_class_mask_limits_nearest_prototype_to_the_clients_classes() -> None:
+    """z = 0; prototypes at distances² 1, 9, 0.25 (classes 0, 1, 2), all present. Over every class
+    the nearest is class 2; a client holding
+    classes {0, 1} predicts class 0 (−1 > −9); an
+    empty record (never trained) leaves every class."""
+    z = torch.tensor([[0.0, 0.0]])
+    prototypes = torch.tensor([[1.0, 0.0], [3.0, 0.0], [0.0, 0.5]])
+    present = torch.tensor([True, True, True])
+    assert int(nearest_prototype_scores(z, prototypes, present).argmax()) == 2
+    own = own_class_mask(present, torch.tensor([1.0, 1.0, 0.0]))
+    assert own.tolist() == [True, True, False]
+    scores = nearest_prototype_scores(z, prototypes, own)
+    assert scores[0, :2].tolist() == [-1.0, -9.0] and scores[0, 2] == float("-inf") and int(scores.argmax()) == 0
+    assert own_class_mask(present, torch.zeros(3)).tolist() == [True, True, True]
+    assert own_class_mask(torch.tensor([True, False, True]), None).tolist() == [True, False, True]
+
+
+def test_fedproto_default_inference_is_the_authors_own_classes_rule() -> None:
+    """The default head predicts, in eval mode, the nearest prototype among the classes recorded in
+    its ``own_classes`` buffer (a client's state, private), and that record is what local training
+    writes: a client holding only classes 0 and 2 never predicts class 1."""
+    assert FedProtoHyperparameters().proto_inference == "own-classes"
+    model = tiny_model()
+    FedProto.configure_model(model, RunConfig(algo="fedproto", **RESOLVED), FedProtoHyperparameters())
+    head = model.fc3
+    assert head.nearest is True and torch.equal(head.own_classes, torch.zeros(3))
+    inputs = torch.randn(8, 4)
+    model.eval()
+    with torch.no_grad():
+        z = body(model, inputs)
+        head.prototypes.copy_(z[:3])  # class j's prototype: sample j's representation
+        head.prototype_mass.fill_(1.0)
+        head.own_classes.copy_(torch.tensor([1.0, 0.0, 1.0]))
+        predictions = model(inputs).argmax(1)
+    assert 1 not in predictions.tolist() and predictions[0] == 0 and predictions[2] == 2
+    data, _, algorithm = fedproto(samples=12)
+    program = algorithm.program
+    labels_of_client = data.labels[data.train_indices[0]]
+    assert torch.equal(torch.bincount(labels_of_client, minlength=3), torch.tensor([4, 4, 4]))
+    for inference, nearest, buffer in (("prototype", True, False), ("head", False, False)):
+        other = tiny_model()
+        FedProto.configure_model(
+            other, RunConfig(algo="fedproto", **RESOLVED), FedProtoHyperparameters(proto_inference=inference)
+        )
+        assert other.fc3.nearest is nearest and hasattr(other.fc3, "own_classes") is buffer
+    assert program.head_module == "fc3"
 
 
 def test_fedproto_head_inference_is_an_option() -> None:
