@@ -45,9 +45,15 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if kind is None:
         raise ConfigError(f"--config {path}: unknown format {path.suffix or '(no suffix)'!r}; use .toml, .yaml or .yml")
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")  # TOML is UTF-8 by definition; not the locale's
     except OSError as error:
         raise ConfigError(f"--config {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        line = error.object[: error.start].count(b"\n") + 1
+        raise ConfigError(
+            f"--config {path}: not UTF-8 text (byte 0x{error.object[error.start]:02x} on line {line}); "
+            "save the file as UTF-8"
+        ) from None
     data = _parse_toml(text, path) if kind == "toml" else _parse_yaml(text, path)
     if data is None:
         data = {}

@@ -23,6 +23,12 @@ from pflbench.errors import ConfigError
 @click.option("--log", multiple=True, help="Experiment tracker(s) for the rerun: tensorboard, mlflow.")
 @click.option("--mlflow-uri", default=None, help="MLflow tracking URI for --log mlflow.")
 @click.option(
+    "--ray-address",
+    default=None,
+    help="Ray cluster (auto or HOST:PORT) for a run made with --executor ray [default: a local Ray "
+    "instance; the address RUN_DIR records is never joined].",
+)
+@click.option(
     "--plugin",
     multiple=True,
     help="Plugin file the run used (repeatable): a run folder's own plugin files are imported only with --trust-plugins.",
@@ -42,6 +48,7 @@ def rerun_command(
     save_model: bool | None,
     log: tuple[str, ...],
     mlflow_uri: str | None,
+    ray_address: str | None,
     plugin: tuple[str, ...],
     trust_plugins: bool,
     check: bool,
@@ -50,8 +57,9 @@ def rerun_command(
     """Run RUN_DIR's experiment again from its config.json (every resolved setting and the
     algorithm's hyperparameters) into a new folder, then compare the metrics with the original's
     rounds.jsonl (timings aside; identical on the CPU), and say whether the code differs from
-    what made the run. Nothing in RUN_DIR is executed unasked: a run that used plugin code needs
-    --plugin FILE or --trust-plugins; trackers log only where --log says."""
+    what made the run. Nothing in RUN_DIR is executed or contacted unasked: a run that used plugin
+    code needs --plugin FILE or --trust-plugins; trackers log only where --log says, and a Ray
+    cluster is joined only at --ray-address."""
     from pflbench.cli.run import _execute_with_progress, _summary_line
     from pflbench.config.identity import identity_hash, run_identity
     from pflbench.config.provenance import code_changes, code_record
@@ -67,7 +75,14 @@ def rerun_command(
         overrides["log"] = log
     if mlflow_uri is not None:
         overrides["mlflow_uri"] = mlflow_uri
+    if ray_address is not None:
+        overrides["ray_address"] = ray_address
     prepared, recorded = prepare_rerun(run_dir, out, overrides, plugin, trust_plugins)
+    if recorded.config.ray_address and ray_address is None and recorded.config.executor == "ray":
+        click.echo(
+            f"ray: the run joined the Ray cluster {recorded.config.ray_address}; this rerun uses a local "
+            "Ray instance (--ray-address ADDRESS joins a cluster you name)"
+        )
     for note in recorded.plugin_notes:
         click.echo(note)
     plugins = recorded.loaded_plugins

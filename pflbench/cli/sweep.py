@@ -85,7 +85,7 @@ def _sweep_callback(
 ) -> int:
     from pathlib import Path
 
-    from pflbench.cli.options import refuse_inert_options
+    from pflbench.cli.options import explicit_options, refuse_inert_options
     from pflbench.config.run_config import hyperparameters_from
     from pflbench.registry import ALGORITHMS
     from pflbench.store.layout import ERROR_FILE, RUNS_DIR, check_writable
@@ -96,6 +96,12 @@ def _sweep_callback(
 
     base, grid = sweep_plan(algos, datasets, alphas, seeds, sets, **values)
     on_ray = ray or (base.ray_address is not None and base.executor != "ray")
+    resources = [] if on_ray else sorted(explicit_options(("cpus_per_run", "gpus_per_run")))
+    if resources:  # given on the command line or in --config: inert without Ray
+        raise ConfigError(
+            f"--{resources[0].replace('_', '-')} would be ignored: only Ray tasks declare resources "
+            "(--ray or --ray-address); a local sweep runs --jobs processes of --threads threads; leave it out"
+        )
     if on_ray and not dry_run:  # fail before expanding (and before any Ray start-up) on bad resources/no Ray
         from pflbench.sweeps.on_ray import check_resources
         from pflbench.util.ray_cluster import require_ray

@@ -45,6 +45,7 @@ from pflbench.data.dataset import TensorDataset
 from pflbench.datasets.hub import (
     MNIST,
     HubSource,
+    _decode,
     decode_images,
     hub_splits,
     image_sources,
@@ -211,6 +212,29 @@ def _domain_images(root: Path) -> tuple[list[str], list[str], list[Path], list[i
     return domains, classes, files, labels, owners
 
 
+# what Pillow raises for a file it cannot decode: unknown format or truncated (OSError), a header
+# claiming more pixels than Image.MAX_IMAGE_PIXELS allows (DecompressionBombError), malformed data
+# (SyntaxError, ValueError: e.g. a bad PNG chunk)
+UNDECODABLE = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+
+
+def _decode_files(files: list[Path], size: tuple[int, int] | None) -> torch.Tensor:
+    """``decode_images`` of the files; an image Pillow cannot decode is one ConfigError naming
+    its file (found by decoding the files one by one, only once the batch failed)."""
+    try:
+        return decode_images([str(file) for file in files], size)
+    except ConfigError:
+        raise
+    except UNDECODABLE:
+        for file in files:
+            try:
+                _decode(str(file), size)
+            except UNDECODABLE as problem:
+                reason = " ".join(str(problem).split())[:200] or type(problem).__name__
+                raise ConfigError(f"imagefolder_domains: cannot decode image {str(file)!r}: {reason}") from None
+        raise
+
+
 @register_dataset("imagefolder_domains")
 def imagefolder_domains(
     path: str | None = None, data_dir: str | None = None, size: int | str | None = None
@@ -229,7 +253,7 @@ def imagefolder_domains(
             "(expected PATH/<domain>/<class name>/<image file>)"
         )
     return domain_dataset(
-        decode_images([str(file) for file in files], _parse_size(size)),
+        _decode_files(files, _parse_size(size)),
         np.asarray(labels),
         len(classes),
         np.asarray(owners),

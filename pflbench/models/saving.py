@@ -38,15 +38,18 @@ its numerical rank, computed in float64). The trained head goes in as peft ``mod
 from __future__ import annotations
 
 import json
+import pickle
 import re
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 import torch
 from torch import nn
 
+from pflbench.config.value_types import json_kind
 from pflbench.models.lora import LoRALinear
 from pflbench.models.zoo import head_module_names
 from pflbench.store.layout import MODELS_DIR
@@ -96,14 +99,29 @@ def save_tensors(
 
 
 def load_tensors(path: str | Path) -> Tensors:
-    """Read a file written by ``save_tensors`` (format from the suffix) onto the CPU."""
-    path = Path(path)
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+    """Read a file written by ``save_tensors`` (format from the suffix) onto the CPU.
 
-        return load_file(str(path), device="cpu")
-    loaded = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+    ValueError naming the file when it is not one: truncated or garbage bytes, a folder, a
+    pickle of anything but tensors (``weights_only``: refused, nothing of it is run)."""
+    path = Path(path)
+    kind = "safetensors" if path.suffix == ".safetensors" else "torch weights"
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            loaded = load_file(str(path), device="cpu")
+        else:
+            with warnings.catch_warnings():  # torch's multi-line notes on odd pickles: said once below
+                warnings.simplefilter("ignore")
+                loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ValueError(f"{path} holds objects other than tensors (refused: nothing of it was run)") from None
+    except Exception as error:  # SafetensorError, torch's RuntimeError on a torn zip, OSError: all unreadable
+        first_line = (str(error).strip().splitlines() or [""])[0][:160]
+        raise ValueError(f"{path} is not a readable {kind} file ({type(error).__name__}: {first_line})") from None
+    if not isinstance(loaded, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in loaded.items()
+    ):
         raise ValueError(f"{path} does not hold a {{name: tensor}} dict")
     return loaded
 
@@ -168,9 +186,13 @@ def load_run_models(folder: str | Path) -> tuple[Tensors | None, dict[int, Tenso
     models = models_folder(folder)
     record = read_models_meta(folder)
     files = record["files"]
-    global_state = None if files["global"] is None else load_tensors(models / files["global"])
-    clients = {int(k): load_tensors(models / path) for k, path in files["clients"].items()}
-    return global_state, clients, record.get("meta", {})
+    global_file = files.get("global")
+    global_state = None if global_file is None else load_tensors(model_file(models, global_file, "files.global"))
+    clients = files.get("clients")
+    if not isinstance(clients, dict) or not all(k.isdigit() for k in clients):
+        raise ValueError(f"{models / META_FILE}: files.clients must map client numbers to files")
+    states = {int(k): load_tensors(model_file(models, name, f"files.clients.{k}")) for k, name in clients.items()}
+    return global_state, states, record["meta"]
 
 
 def models_folder(folder: str | Path) -> Path:
@@ -180,14 +202,52 @@ def models_folder(folder: str | Path) -> Path:
 
 
 def read_models_meta(folder: str | Path) -> dict[str, Any]:
-    """``models/meta.json`` of a run folder (or of a ``models`` folder)."""
+    """``models/meta.json`` of a run folder (or of a ``models`` folder): FileNotFoundError when
+    there is none, ValueError naming it when it is not a record of saved models (unreadable, not
+    JSON, not an object with ``files`` and ``meta`` objects)."""
     path = models_folder(folder) / META_FILE
     if not path.is_file():
         raise FileNotFoundError(
             f"no saved models in {folder} ({MODELS_DIR}/{META_FILE} is missing; "
             "was the run made with --save-model and did it finish?)"
         )
-    return json.loads(path.read_text())
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is unreadable ({type(error).__name__}: {error})") from None
+    except RecursionError:
+        raise ValueError(f"{path} is nested too deeply to be a record of saved models") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path} holds {json_kind(record)}, not a record of saved models (an object)")
+    for key in ("files", "meta"):
+        if not isinstance(record.get(key), dict):
+            raise ValueError(f"{path}: {key!r} must be an object, not {json_kind(record.get(key))}")
+    return record
+
+
+def model_file(models: Path, name: Any, key: str) -> Path:
+    """The weights file that meta.json's ``key`` names (``name``, relative to ``models``); ValueError
+    unless it is a ``.safetensors``/``.pt`` file inside the models folder. A path that leaves it
+    (``..``, absolute, a link pointing out) is refused before anything is read there."""
+    where = models / META_FILE
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{where}: {key} must name a weights file, not {json_kind(name)}")
+    escapes = any(p.is_absolute() or ".." in p.parts for p in (PurePosixPath(name), PureWindowsPath(name)))
+    if escapes or PurePosixPath(name).suffix not in FORMATS.values():
+        raise ValueError(
+            f"{where}: {key} {name[:200]!r} is not a .safetensors or .pt file inside the models folder "
+            "(refused, nothing read)"
+        )
+    path = models / name
+    try:
+        inside = path.resolve().is_relative_to(models.resolve())
+    except (OSError, RuntimeError):  # a link loop
+        inside = False
+    if not inside:
+        raise ValueError(f"{where}: {key} {name!r} leads outside the models folder (a link?); refused, nothing read")
+    if not path.is_file():
+        raise ValueError(f"{path} ({key} in {where}) is {'not a file' if path.exists() else 'missing'}")
+    return path
 
 
 def load_model_state(folder: str | Path, client: int | None = None) -> Tensors:
@@ -199,27 +259,33 @@ def load_model_state(folder: str | Path, client: int | None = None) -> Tensors:
     (``format_version`` < 2)."""
     models = models_folder(folder)
     record = read_models_meta(folder)
-    meta = record.get("meta", {})
+    meta = record["meta"]
     if "personal" not in meta:
         raise ValueError(
             f"{models} was saved by an older pflbench without the per-client model record; "
             "run again with --save-model (pflbench rerun RUN_DIR --save-model)"
         )
+    personal = meta["personal"]
+    if not isinstance(personal, dict):
+        raise ValueError(f"{models / META_FILE}: meta.personal must be an object, not {json_kind(personal)}")
     if client is None:
-        if record["files"]["global"] is None:
+        global_file = record["files"].get("global")
+        if global_file is None:
             raise ValueError(
                 f"algorithm {meta.get('algo')!r} has no global model; pass client=K "
-                f"(0..{len(meta['personal']) - 1}) for a client's personal model"
+                f"(0..{len(personal) - 1}) for a client's personal model"
             )
-        return load_tensors(models / record["files"]["global"])
+        return load_tensors(model_file(models, global_file, "files.global"))
     key = str(client) if isinstance(client, int) and not isinstance(client, bool) else None
-    if key not in meta["personal"]:
-        raise ValueError(f"client={client!r} is not a client of this run; choose from 0..{len(meta['personal']) - 1}")
+    if key not in personal:
+        raise ValueError(f"client={client!r} is not a client of this run; choose from 0..{len(personal) - 1}")
+    # every file is checked before any is read: a hostile entry reads nothing
     base_file = meta.get("personal_base")
-    state = load_tensors(models / base_file) if base_file else {}
-    own = meta["personal"][key]
+    base = model_file(models, base_file, "meta.personal_base") if base_file is not None else None
+    own = model_file(models, personal[key], f"meta.personal.{key}") if personal[key] is not None else None
+    state = load_tensors(base) if base is not None else {}
     if own is not None:
-        state.update(load_tensors(models / own))
+        state.update(load_tensors(own))
     return state
 
 

@@ -15,7 +15,11 @@ JSON metadata with a content hash, loaded with ``weights_only=True``, written at
 - the run's identity hash: a checkpoint of other settings is never resumed.
 
 It is written every ``--checkpoint-every`` rounds (default 10, 0 = never), never after the last
-round (the finished run replaces it), and removed when the run is complete.
+round (the finished run replaces it), and removed when the run is complete. A write that fails (a
+full disk: torch's writer says only ``unexpected pos``, ``util.atomic`` recovers the ENOSPC) stops
+the run with one error naming the file and the cause; the earlier checkpoint stays whole (the new
+one is written beside it and moved into place only when complete), so ``--resume`` continues
+from it once there is room.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from pflbench.engine import Federation, Observer
+from pflbench.store.layout import OutputError, os_reason
 from pflbench.util.cache import json_safe, load_entry, save_entry, warn
 
 KIND = "pflbench-checkpoint-v1"
@@ -125,7 +130,14 @@ class CheckpointObserver(Observer):
             return
         started = time.perf_counter()
         self.writer.sync()  # the rounds a checkpoint counts are on disk before it
-        save_checkpoint(self.path, self.federation, self.identity_hash, round_index, self.before)
+        try:
+            save_checkpoint(self.path, self.federation, self.identity_hash, round_index, self.before)
+        except OSError as error:  # a full disk: one line naming the file, the cause and what to do
+            raise OutputError(
+                error.filename or self.path,
+                f"{os_reason(error)} (the run stopped after round {round_index}; "
+                "once there is room the same command with --resume continues from its last checkpoint)",
+            ) from error
         self.times.append(time.perf_counter() - started)
 
     def report(self) -> dict[str, Any]:

@@ -60,6 +60,10 @@ class RecordedRun:
         return [f for f in files if isinstance(f, dict)] if isinstance(files, list) else []
 
 
+# Settings naming a host or service to contact, with the value a rerun gives them unless the
+# command line does (--log, --mlflow-uri, --ray-address): a received folder chooses no address.
+UNTRACKED: dict[str, Any] = {"log": (), "mlflow_uri": None, "ray_address": None}
+
 # Settings every config.json has recorded since the first: a file without one is damaged (a
 # setting added later is filled in, ``VALUE_BEFORE_ADDED``, but these were never missing).
 ALWAYS_RECORDED = ("algo", "dataset", "partition", "rounds", "seed")
@@ -214,20 +218,28 @@ def prepare_rerun(
 ) -> tuple[Any, RecordedRun]:
     """Rebuild the run into ``out`` (default ``default_rerun_out``) and check that its folder is
     not the original and is still empty. ``overrides``: RunConfig settings that do not change
-    the numbers (``save_model``, ``log``, ``mlflow_uri``, ``device``).
+    the numbers (``save_model``, ``log``, ``mlflow_uri``, ``ray_address``, ``device``).
 
     A run folder may come from anyone, so nothing in it is executed or contacted unasked: plugin
     code runs only from the files given in ``plugins`` (``--plugin FILE``; one per plugin the run
     used) or, with ``trust_plugins``, from the files the run recorded (``recorded.loaded_plugins``,
-    ``recorded.plugin_notes``), and trackers only as ``overrides`` ask (never the recorded
-    ``log``/``mlflow_uri``)."""
+    ``recorded.plugin_notes``), and trackers and Ray clusters only as ``overrides`` ask (never the
+    recorded ``log``/``mlflow_uri``, nor the recorded ``ray_address``: a Ray head serves the
+    driver pickles, so joining one a received folder names would run its code; ``--executor ray``
+    without an address starts a local Ray instance)."""
     recorded = read_recorded_run(run_dir)
+    if (overrides or {}).get("ray_address") is not None and recorded.config.executor != "ray":
+        raise ConfigError(
+            f"--ray-address would be ignored: the run used --executor {recorded.config.executor} "
+            "(only --executor ray joins a Ray cluster); leave it out"
+        )
     recorded.loaded_plugins = _plugins_to_load(recorded, plugins, trust_plugins)
     for plugin in recorded.loaded_plugins:
         load_plugin_file(plugin)
     check_recorded_hyperparameters(recorded, recorded.run_dir / CONFIG_FILE)
     target = Path(out) if out is not None else default_rerun_out(recorded.run_dir)
-    untracked = {"log": (), "mlflow_uri": None}  # the recorded tracker address is never used unasked
+    # no address the folder records is contacted unasked: trackers, Ray clusters (UNTRACKED)
+    untracked = dict(UNTRACKED)
     config = dataclasses.replace(recorded.config, out=str(target), **{**untracked, **(overrides or {})})
     prepared = prepare(config, recorded.algo_options)
     prepared.resolved["rerun_of"] = {

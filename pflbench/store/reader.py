@@ -263,8 +263,11 @@ def run_status(summary: dict[str, Any]) -> str | None:
     return None if status in NORMAL_STATUS else str(status)[:40]
 
 
-def read_run(folder: Path) -> tuple[str, str | None, list[tuple[Any, ...]]]:
-    """(identity, status, tidy rows) of one finished run folder; ValueError if unfinished or malformed."""
+def read_run(
+    folder: Path, check: Callable[[dict[str, Any]], None] | None = None
+) -> tuple[str, str | None, list[tuple[Any, ...]]]:
+    """(identity, status, tidy rows) of one finished run folder; ValueError if unfinished or
+    malformed (``check``: a further test of config.json, raising ValueError)."""
     if not (folder / SUMMARY_FILE).is_file():
         raise ValueError(_failure(folder))
     config, summary = load_json(folder / CONFIG_FILE), load_json(folder / SUMMARY_FILE)
@@ -273,6 +276,8 @@ def read_run(folder: Path) -> tuple[str, str | None, list[tuple[Any, ...]]]:
     if not isinstance(config.get("algo_hparams", {}), (dict, type(None))):
         raise ValueError("config.json: algo_hparams is not an object")
     head_values = _grid_values(config)
+    if check is not None:
+        check(config)
     try:
         if (folder / ROUNDS_FILE).stat().st_size > MAX_ROUNDS_BYTES:
             raise ValueError(f"rounds.jsonl is larger than {MAX_ROUNDS_BYTES // 2**20} MiB")
@@ -308,17 +313,21 @@ def _warn(message: str) -> None:
 
 
 def load_runs(
-    paths: str | Path | Iterable[str | Path], warn: Callable[[str], None] = _warn, include_abnormal: bool = False
+    paths: str | Path | Iterable[str | Path],
+    warn: Callable[[str], None] = _warn,
+    include_abnormal: bool = False,
+    check: Callable[[dict[str, Any]], None] | None = None,
 ) -> pd.DataFrame:
     """Every finished run under ``paths``, each once, as one tidy frame; the others are skipped
-    with a warning (``include_abnormal``: runs whose status is not normal are kept, flagged)."""
+    with a warning (``include_abnormal``: runs whose status is not normal are kept, flagged;
+    ``check``: a further test of each config.json, e.g. ``report.recorded.check_recorded_types``)."""
     import pandas as pd  # here, not above: a run reads its own folder without loading pandas
 
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     readable: list[tuple[Path, str, str | None, list[tuple[Any, ...]]]] = []
     for folder in find_run_folders(paths, warn):
         try:
-            readable.append((folder, *read_run(folder)))
+            readable.append((folder, *read_run(folder, check)))
         except (ValueError, TypeError, KeyError, OverflowError, RecursionError, MemoryError) as error:
             warn(f"skipped {folder}: {error}")
     # of several copies of one run, keep the folder the runner named (its name ends in the hash)

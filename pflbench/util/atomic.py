@@ -15,6 +15,11 @@ half written, and two processes never both create it.
 A written file gets the permissions ``open()`` would give it (0666 less the umask), not
 mkstemp's 0600: results and caches in a shared folder stay readable to whom the umask allows.
 
+A failed write is an ``OSError`` naming ``path`` (not the temporary), even when the writer hid
+it: ``torch.save`` catches its file's ``OSError`` (a full disk: ENOSPC) and raises
+``RuntimeError: [enforce fail at inline_container.cc] unexpected pos ...`` instead, which says
+neither why nor where; the file ``write`` gets remembers the ``OSError`` and it is raised.
+
 Standard library only (the ground floor: imports nothing of pflbench).
 """
 
@@ -42,22 +47,59 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], object], *, excl
     move it into place (``exclusive``: create ``path``, ``FileExistsError`` if it exists)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path), suffix=TEMPORARY_SUFFIX)
+    try:
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path), suffix=TEMPORARY_SUFFIX)
+    except OSError as error:
+        raise _naming(error, path) from error
     try:
         os.fchmod(handle, 0o666 & ~current_umask())  # as open() would: mkstemp's 0600 hides results from a group
-        with os.fdopen(handle, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
+        with os.fdopen(handle, "wb") as raw:
+            file = _RememberedErrors(raw)
+            try:
+                write(file)  # type: ignore[arg-type]  # a file in all but name
+            except Exception as error:
+                if file.error is None or isinstance(error, OSError):
+                    raise
+                raise file.error from error  # the writer hid why its write failed (torch.save)
+            raw.flush()
+            os.fsync(raw.fileno())
         if exclusive:
             os.link(temporary, path)  # atomic; fails if path exists
             Path(temporary).unlink()
         else:
             os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         Path(temporary).unlink(missing_ok=True)
+        if isinstance(error, OSError) and not isinstance(error, FileExistsError):
+            raise _naming(error, path) from error
         raise
     fsync_folder(path.parent)
+
+
+class _RememberedErrors:
+    """The file a writer writes to, remembering the ``OSError`` of a failed write (a full disk)
+    for when the writer catches it and raises an error of its own that does not say why."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self._file = file
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._file.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, tell, ...: the file's own
+        return getattr(self._file, name)
+
+
+def _naming(error: OSError, path: Path) -> OSError:
+    """``error`` naming ``path`` (the file being written), not a temporary or nothing."""
+    if error.errno is None:
+        return error
+    return type(error)(error.errno, error.strerror or os.strerror(error.errno), str(path))
 
 
 def current_umask() -> int:

@@ -10,7 +10,9 @@ A truncated, bit-flipped, unreadable or foreign entry is reported in one ``warni
 stderr naming the file, deleted, and ``load_entry`` returns None so the caller rebuilds it.
 Writes are atomic (``pflbench.util.atomic``): a temporary file in the same folder, fsync,
 ``os.replace``; a killed writer leaves at most a ``*.tmp`` file that is never read as an entry,
-deleted by the next write of the entry once it is clearly abandoned.
+deleted by the next write of the entry once it is clearly abandoned. A write that fails (a full
+disk, even where ``torch.save`` hides the ENOSPC behind ``RuntimeError: ... unexpected pos``) is an
+``OSError`` naming the entry and leaves no file: the callers warn and go on without the cache.
 """
 
 from __future__ import annotations
