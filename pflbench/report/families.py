@@ -19,6 +19,8 @@ METHOD_FAMILIES: dict[str, str] = {
     "mixture_of_experts": "Mixture of experts",
     "model_combination": "Dynamic model combination",
     "hypernetwork": "Hypernetworks",
+    "memorization": "Local memorization (a global model plus each client's own datastore)",
+    "mode_connectivity": "Mode connectivity (a solution simplex of connected models)",
     "low_rank": "Low-rank adaptation of pretrained models",
     "local": "No federation (local training only)",
 }
@@ -36,6 +38,8 @@ SHORT_LABELS: dict[str, str] = {
     "mixture_of_experts": "mixture of experts",
     "model_combination": "model combination",
     "hypernetwork": "hypernetwork",
+    "memorization": "local memorization",
+    "mode_connectivity": "mode connectivity",
     "low_rank": "low-rank adaptation",
     "local": "local only",
 }
