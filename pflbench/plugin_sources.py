@@ -50,7 +50,7 @@ class StaticPlugin:
     """A ``@register_<kind>("name")`` as its source reads."""
 
     name: str
-    doc: str  # the docstring's first line
+    doc: str  # the docstring's first sentence (``doc_summary``)
     attributes: Mapping[str, Any]  # the literal assignments of the class body (paper, display_name, ...)
     plain: bool  # a class whose only bases are Algorithm / Generic: an attribute it does not assign has the default
     hyperparameters: tuple[Hyperparameter, ...] | None  # None: not readable from the source
@@ -209,7 +209,7 @@ def read_plugins(source: str, kind: str) -> list[StaticPlugin]:
                 continue
             if not decorator.args or not isinstance(decorator.args[0], ast.Constant):
                 continue
-            doc = (ast.get_docstring(node) or "").strip().splitlines()
+            doc = doc_summary(ast.get_docstring(node) or "")
             attributes: dict[str, Any] = {}
             plain = False
             hyperparameters: tuple[Hyperparameter, ...] | None = None
@@ -217,9 +217,7 @@ def read_plugins(source: str, kind: str) -> list[StaticPlugin]:
                 attributes, nodes = _class_attributes(node)
                 plain = bool(node.bases) and all(_name_of(base) in _PLAIN_BASES for base in node.bases)
                 hyperparameters = _hyperparameters_named(nodes.get("hyperparameters"), plain, classes)
-            found.append(
-                StaticPlugin(str(decorator.args[0].value), doc[0] if doc else "", attributes, plain, hyperparameters)
-            )
+            found.append(StaticPlugin(str(decorator.args[0].value), doc, attributes, plain, hyperparameters))
     return found
 
 
@@ -276,7 +274,30 @@ def _from_file(item: Any, path: str) -> bool:
 
 
 def _first_doc_line(item: Any) -> str:
-    return ((item.__doc__ or "").strip().splitlines() or [""])[0]
+    return doc_summary(item.__doc__ or "")
+
+
+_ABBREVIATIONS = ("e.g.", "i.e.", "al.", "cf.", "vs.", "etc.")
+
+
+def doc_summary(doc: str) -> str:
+    """A docstring's first sentence on one line (what ``pflbench list`` shows): its first
+    paragraph's lines joined, up to the first ``.``/``!``/``?`` that ends a sentence (followed by
+    a space, outside parentheses, not ``e.g.`` and the like). Never cut mid-sentence at a line
+    break of the source."""
+    lines = []
+    for line in doc.strip().splitlines():
+        if not line.strip():
+            break
+        lines.append(line.strip())
+    paragraph = " ".join(lines)
+    depth = 0
+    for index, char in enumerate(paragraph):
+        depth += {"(": 1, ")": -1, "[": 1, "]": -1}.get(char, 0)
+        ends = char in ".!?" and depth <= 0 and paragraph[index + 1 : index + 2] == " "
+        if ends and not paragraph[: index + 1].endswith(_ABBREVIATIONS):
+            return paragraph[: index + 1]
+    return paragraph
 
 
 def describe(registry: Registry, plugin_files: tuple[str, ...] = ()) -> dict[str, str]:

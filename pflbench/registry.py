@@ -13,7 +13,7 @@ import importlib.util
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -131,13 +131,19 @@ class Registry:
     def get(self, name: str) -> Any:
         items = self.items
         if name not in items:
-            close = difflib.get_close_matches(name, list(items), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(
-                f"unknown {self.kind} {name!r}{hint}; valid choices: {', '.join(sorted(items))} "
-                f"(a {self.kind} of your own: load its file with --plugin FILE)"
-            )
+            raise unknown_name(self.kind, name, items)
         return items[name]
+
+
+def unknown_name(kind: str, name: str, known: Iterable[str]) -> ConfigError:
+    """The error for a ``kind`` name that is not registered: the closest name, the valid ones."""
+    names = sorted(known)
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(
+        f"unknown {kind} {name!r}{hint}; valid choices: {', '.join(names)} "
+        f"(a {kind} of your own: load its file with --plugin FILE)"
+    )
 
 
 ALGORITHMS = Registry("algorithm", "pflbench.algorithms")

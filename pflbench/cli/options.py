@@ -72,8 +72,8 @@ def dataclass_options(cls: type, names: tuple[str, ...] | None = None) -> list[c
 
 def algorithm_options(from_sources: bool = False) -> list[click.Option]:
     """One option per hyperparameter name over all registered algorithms (default: unset).
-    ``from_sources`` (for --help): the algorithm modules not imported yet are read, not
-    imported (``registry.algorithm_hyperparameters``), so that help does not pay for torch."""
+    ``from_sources``: the algorithm modules not imported yet are read, not imported
+    (``plugin_sources.algorithm_hyperparameters``), so that parsing does not pay for torch."""
     if not from_sources:
         ALGORITHMS.load_entry_points()
     seen: dict[str, tuple[click.Option, list[str]]] = {}
@@ -152,9 +152,6 @@ def refuse_inert_options(configs: list[tuple[RunConfig, Any]], swept: Collection
         raise ConfigError(f"{_flag(name)} {value} would be ignored: {inert[name]}; leave it out{where}")
 
 
-HELP_FROM_SOURCES = "pflbench.help_from_sources"  # ctx.meta key: this invocation shows help
-
-
 class RunCommand(click.Command):
     """``run`` gains each registered algorithm's hyperparameters as options (after --plugin), and
     ``--config FILE`` supplies defaults for every option (``config_file.py``)."""
@@ -163,7 +160,6 @@ class RunCommand(click.Command):
         _load_plugins_from(args)
         path = config_path_from(args)
         wants_help = any(a in ctx.help_option_names for a in args[: args.index("--") if "--" in args else None])
-        ctx.meta[HELP_FROM_SOURCES] = wants_help  # help reads the algorithms' sources, without torch
         if path is not None and not wants_help:
             # the file's values become click's defaults: command-line options override them
             table = read_config_file(path)
@@ -176,7 +172,9 @@ class RunCommand(click.Command):
     def get_params(self, ctx: click.Context) -> list[click.Parameter]:
         base = super().get_params(ctx)
         known = {p.name for p in base}
-        extra = algorithm_options(from_sources=ctx.meta.get(HELP_FROM_SOURCES, False))
+        # read from the algorithms' sources, not imported: parsing (and refusing a bad value,
+        # cli.run) must not pay for torch; ``plan_run`` imports the one algorithm the run uses
+        extra = algorithm_options(from_sources=True)
         return base[:-1] + [o for o in extra if o.name not in known] + base[-1:]
 
 

@@ -18,16 +18,18 @@ from pflbench.config.run_config import RunConfig
 def _run_callback(quiet: bool, plugin: tuple[str, ...], force: bool, resume: bool, **values: Any) -> int:
     from pathlib import Path
 
-    from pflbench.cli.options import refuse_inert_options
-    from pflbench.runs.execute import RunDiverged, execute
-    from pflbench.runs.prepare import plan_run, prepare
     from pflbench.store.layout import RunPaths, check_writable, guard_run
 
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
     config = RunConfig(**{k: v for k, v in values.items() if k in run_fields})
     algo_options = {k: v for k, v in values.items() if k not in run_fields and v is not None}
+    check_before_torch(config)
     check_writable(config.out)
     check_writable(Path(config.out) / "runs")
+    from pflbench.cli.options import refuse_inert_options
+    from pflbench.runs.execute import RunDiverged, execute  # torch from here on
+    from pflbench.runs.prepare import plan_run, prepare
+
     plan = plan_run(config, algo_options)  # unset settings take the algorithm's run defaults
     refuse_inert_options([(plan.config, plan.hparams)])
     from pflbench.util.progress import SILENT, LineReporter, reporting
@@ -56,11 +58,27 @@ def _run_callback(quiet: bool, plugin: tuple[str, ...], force: bool, resume: boo
     return 0
 
 
-class ProgressObserver:
-    """The progress bar: round, personalized accuracy, training loss (a run observer)."""
+def check_before_torch(config: RunConfig) -> None:
+    """What a bad command line can be told without the algorithm's class, torch or data (not
+    after the seconds of importing torch): the algorithm's name and every value given
+    (``config.run_config.validate_given``). ``plan_run`` checks the rest once the algorithm is
+    imported, before any data is read."""
+    from pflbench.config.run_config import validate_given
+    from pflbench.plugin_sources import algorithm_hyperparameters
+    from pflbench.registry import ALGORITHMS, unknown_name
 
-    def __init__(self, progress: Any, task: Any) -> None:
-        self.progress, self.task, self.accuracy = progress, task, "-"
+    known = algorithm_hyperparameters()  # every registered algorithm (read from its source, or imported)
+    if config.algo not in known and config.algo not in ALGORITHMS._items:
+        raise unknown_name(ALGORITHMS.kind, config.algo, known)
+    validate_given(config)
+
+
+class ProgressObserver:
+    """The rounds' progress: round, personalized accuracy, training loss (a run observer).
+    ``show(done, status)`` moves the display to ``done`` rounds (a resumed run starts past 0)."""
+
+    def __init__(self, show: Any) -> None:
+        self.show, self.accuracy = show, "-"
 
     def on_run_start(self, run: Any) -> None:
         pass
@@ -71,14 +89,30 @@ class ProgressObserver:
     def on_round_end(self, record: dict[str, Any]) -> None:
         if record.get("pers_acc") is not None:
             self.accuracy = f"{record['pers_acc']:.4f}"
-        status = f"round {record['round']}  pers_acc {self.accuracy}  loss {record['train_loss']:.4f}"
-        self.progress.update(self.task, advance=1, status=status)
+        self.show(record["round"], f"pers_acc {self.accuracy}  loss {record['train_loss']:.4f}")
 
     def on_run_end(self, summary: dict[str, Any]) -> None:
         pass
 
 
 def _execute_with_progress(prepared: Any, plugin: tuple[str, ...], execute: Any, **flags: Any) -> dict[str, Any]:
+    """``execute`` with the rounds shown on stderr: a live bar on a terminal; else (a log file)
+    plain lines, at most every 30 s (``util.progress.LineReporter``; ``PFLBENCH_PROGRESS_EVERY``),
+    so that a log shows where a long run is (a live bar writes nothing to a file until it ends)."""
+    import sys
+
+    from pflbench.util import progress
+
+    config = prepared.config
+    title = f"{config.algo} on {config.dataset}"
+    if not sys.stderr.isatty():
+        with progress.reporting(progress.LineReporter()), progress.stage(title, config.rounds, "round") as rounds:
+
+            def show(done: int, status: str) -> None:
+                rounds.advance(done - rounds.done, status)
+
+            return execute(prepared, plugins=plugin, observers=[ProgressObserver(show)], **flags)
+    from rich.console import Console
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -88,7 +122,6 @@ def _execute_with_progress(prepared: Any, plugin: tuple[str, ...], execute: Any,
         TimeRemainingColumn,
     )
 
-    config = prepared.config
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -97,11 +130,16 @@ def _execute_with_progress(prepared: Any, plugin: tuple[str, ...], execute: Any,
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     )
-    from pflbench.util.progress import reporting
+    with (
+        Progress(*columns, console=Console(stderr=True), transient=False) as bar,
+        progress.reporting(RichReporter(bar)),
+    ):
+        task = bar.add_task(title, total=config.rounds, status="")
 
-    with Progress(*columns, transient=False) as progress, reporting(RichReporter(progress)):
-        task = progress.add_task(f"{config.algo} on {config.dataset}", total=config.rounds, status="")
-        return execute(prepared, plugins=plugin, observers=[ProgressObserver(progress, task)], **flags)
+        def show_bar(done: int, status: str) -> None:
+            bar.update(task, completed=done, status=status)
+
+        return execute(prepared, plugins=plugin, observers=[ProgressObserver(show_bar)], **flags)
 
 
 class RichReporter:

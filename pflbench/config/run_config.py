@@ -598,6 +598,16 @@ def validate(config: RunConfig) -> None:
         new_client_count(config.num_clients, config.new_clients)
 
 
+def validate_given(config: RunConfig) -> None:
+    """``validate`` before ``resolve``: the unset settings (``AUTO_FIELDS``, which the
+    algorithm's run defaults fill, and the algorithm needs torch) take stand-ins that pass every
+    check, so a bad value that was given is refused before torch or any data is loaded
+    (``pflbench run --alpha 0``). ``validate`` checks the resolved config again."""
+    passing = {"lr": 1.0, "public_frac": 0.5 if config.backbone == "public" else 0.0}  # public: needs one > 0
+    stand_ins = {name: passing.get(name, BASE_DEFAULTS[name]) for name in AUTO_FIELDS if getattr(config, name) is None}
+    validate(dataclasses.replace(config, **stand_ins))
+
+
 # σ = 20 already spreads client speeds over e^(±20·z); σ·z past ~709 overflows the factors
 MAX_STRAGGLER_SIGMA = 20.0
 MAX_OVER_SELECT = 100.0  # sampling 101·M clients: beyond it, every client of any benchmark

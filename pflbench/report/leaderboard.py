@@ -93,6 +93,26 @@ def row_learning_rates(frame: pd.DataFrame, labels: Mapping[str, str]) -> dict[s
     return {row: "/".join(sorted(values, key=lambda text: (len(text), text))) for row, values in rates.items()}
 
 
+def row_hyperparameters(frame: pd.DataFrame, labels: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """Table row → the algorithm hyperparameters with one value over all of its runs, as text
+    (``{"FedProx": {"mu": "0.1"}}``), those its label does not name already. Row labels and the
+    ``--select-by`` note name only settings that differ; without this a table would never say at
+    which μ FedProx ran."""
+    runs = frame.drop_duplicates("run")
+    in_labels = {algo: _conflicts(group) for algo, group in runs.groupby("algo")}
+    hparams_of: dict[str, list[dict[str, Any]]] = {}
+    for run, algo, key in zip(runs["run"], runs["algo"], runs["config_key"]):
+        hparams_of.setdefault(labels[run], []).append({"algo": algo, **(json.loads(key).get("algo_hparams") or {})})
+    result: dict[str, dict[str, str]] = {}
+    for row, settings in sorted(hparams_of.items()):
+        names = sorted(set().union(*settings) - {"algo"} - set().union(*(in_labels[s["algo"]] for s in settings)))
+        texts = {name: {setting_text(s, name) for s in settings} for name in names}
+        single = {name: next(iter(values)) for name, values in texts.items() if len(values) == 1}
+        if single:
+            result[row] = single
+    return result
+
+
 def final_values(
     frame: pd.DataFrame, quantities: Iterable[str], renames: Mapping[str, str] | None = None
 ) -> pd.DataFrame:
@@ -233,6 +253,7 @@ def pivot(
         selection=_selection_attrs(selection, frame, labels, renames),
         row_algos={label: str(algos[run]) for run, label in labels.items()},
         learning_rates=row_learning_rates(frame, labels),
+        hyperparameters=row_hyperparameters(frame, labels),
         families=row_families(table.index, {label: str(algos[run]) for run, label in labels.items()})
         if families
         else {},

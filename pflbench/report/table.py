@@ -187,7 +187,7 @@ def notes(table: pd.DataFrame) -> list[str]:
         result.append("[status]: runs that did not end normally (e.g. diverged), shown apart, never averaged in.")
     if table.attrs.get("families"):
         result.append(
-            "Family: each algorithm's family of pFL methods (as `pflbench list` groups them); rows grouped by family."
+            "Family: each algorithm's family of pFL methods (as pflbench list groups them); rows grouped by family."
         )
     rates = table.attrs.get("learning_rates") or {}
     if rates:
@@ -195,7 +195,31 @@ def notes(table: pd.DataFrame) -> list[str]:
     for name, values in table.attrs.get("differing", {}).items():
         if name != "lr" or not rates:  # the learning-rate note names each row's
             result.append(f"Runs differ in {readable(name).lower()}: {', '.join(values)}.")
+    hyperparameters = hyperparameter_note(table)
+    if hyperparameters:
+        result.append(hyperparameters)
     return result
+
+
+def hyperparameter_note(table: pd.DataFrame) -> str:
+    """The algorithms' hyperparameters that have one value over a row's runs
+    (``attrs["hyperparameters"]``): ``mu = 0.1 for all rows`` when every row has that value,
+    else by row (``FedRep: head_epochs = 2``); empty when there are none."""
+    by_row = {row: values for row, values in (table.attrs.get("hyperparameters") or {}).items() if row in table.index}
+    if not by_row:
+        return ""
+    names = sorted(set().union(*(values.keys() for values in by_row.values())))
+    shared = {
+        name: by_row[table.index[0]][name]
+        for name in names
+        if len(by_row) == len(table.index) and len({values.get(name) for values in by_row.values()}) == 1
+    }
+    parts = [f"{name} = {value} for all rows" for name, value in shared.items()]
+    for row in table.index:
+        own = {name: value for name, value in by_row.get(row, {}).items() if name not in shared}
+        if own:
+            parts.append(f"{row}: " + ", ".join(f"{name} = {value}" for name, value in own.items()))
+    return f"Hyperparameters (one value over all of a row's runs): {'; '.join(parts)}."
 
 
 def learning_rate_note(table: pd.DataFrame) -> str:

@@ -85,10 +85,14 @@ def test_leaderboard_does_not_import_torch(results: Path, fmt: str) -> None:
     assert "FedAvg" in output  # the display name, read from the algorithm's source
 
 
-def test_running_still_imports_the_algorithms(results: Path) -> None:
-    """Only help is read from the sources: parsing real arguments loads the plugins as before."""
+def test_running_imports_torch_only_once_the_arguments_hold(results: Path) -> None:
+    """Parsing reads the algorithms' sources too (issue 34): a bad name or value is refused
+    without torch; a run that starts imports its algorithm (and torch)."""
     code, loaded, output = probe("run", "--algo", "nope", "--out", str(results))
     assert code == 2 and "unknown algorithm 'nope'" in output, output
+    assert loaded == []
+    code, loaded, output = probe("run", "--algo", "fedavg", "--mu", "0.1", "--out", str(results))
+    assert code == 2 and "--mu" in output, output  # not fedavg's option: known only once it is imported
     assert "torch" in loaded
 
 

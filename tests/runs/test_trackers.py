@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.machinery
 import importlib.util
 import socket
 from pathlib import Path
@@ -79,23 +80,34 @@ def test_numeric_items_and_flatten():
     assert params == {"a.b": 1, "a.c": "None", "d": '[1, "x"]'}
 
 
+def _installed(monkeypatch, present: tuple[str, ...], absent: tuple[str, ...]) -> None:
+    """The tracker libraries ``present`` look installed (a stand-in spec) and ``absent`` do not,
+    whichever extras this environment has: the checks below run on a ``[dev]``-only install too."""
+    real = importlib.util.find_spec
+    stand_ins = {name: importlib.machinery.ModuleSpec(name, None) for name in present}
+
+    def find_spec(name, *args):
+        if name in absent:
+            return None
+        return stand_ins.get(name) or real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+
 def test_make_trackers_errors(tmp_path, monkeypatch):
     run = _run(tmp_path)
     with pytest.raises(
         ConfigError, match=r"--log 'nosuch' is not a tracker; choose from mlflow, tensorboard, wandb \("
     ):
         make_trackers(["nosuch"], run)
-    real = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name in ("mlflow", "wandb") else real(name, *a)
-    )
+    _installed(monkeypatch, present=("tensorboard",), absent=("mlflow", "wandb"))
     with pytest.raises(ConfigError, match=r"--log mlflow needs the mlflow package: pip install 'pflbench\[mlflow\]'"):
         make_trackers(["mlflow"], run)
     with pytest.raises(ConfigError, match=r"--log wandb needs the wandb package: pip install 'pflbench\[wandb\]'"):
         make_trackers(["tensorboard,wandb"], run)
     assert not (run.run_dir / "tensorboard").exists()  # checked before any tracker is made
     assert make_trackers([], run) == []
-    monkeypatch.setattr(importlib.util, "find_spec", real)
+    _installed(monkeypatch, present=("wandb",), absent=())
     monkeypatch.setenv("WANDB_MODE", "sometimes")
     with pytest.raises(
         ConfigError, match="WANDB_MODE='sometimes' is not a W&B mode for --log wandb; choose from offline"
