@@ -4,7 +4,7 @@
 - ``rerun.py``: ``rerun`` (a run again from its config.json)
 - ``config_file.py``: ``--config FILE`` (TOML/YAML) for ``run`` and ``sweep``
 - ``sweep.py``: ``sweep``; ``tune.py``: ``tune``; ``leaderboard.py``: ``leaderboard``
-- ``pretrain.py``: ``pretrain``
+- ``pretrain.py``: ``pretrain``; ``reference.py``: ``reference`` (the reference leaderboards)
 - ``options.py``: dataclass → click options; one ``Error:`` line and exit code 2 for bad input
 - plugin commands (e.g. FedSDG's ``gates``) come from the ``pflbench.commands`` entry points.
 
@@ -24,6 +24,7 @@ from pflbench.cli.listing import list_command
 from pflbench.cli.options import PflbenchGroup
 from pflbench.cli.partition import partition_command
 from pflbench.cli.pretrain import pretrain_command
+from pflbench.cli.reference import reference_command
 from pflbench.cli.rerun import rerun_command
 from pflbench.cli.run import run_command
 from pflbench.cli.sweep import sweep_command
@@ -45,6 +46,7 @@ for command in (
     tune_command,
     leaderboard_command,
     pretrain_command,
+    reference_command,
 ):
     cli.add_command(command)
 

@@ -37,7 +37,11 @@ def _quantities(metric: str | None, metrics: str | None, extra: str) -> tuple[st
     """(main metric, further metrics) from --metric / --metrics and the old --extra."""
     if metric is not None and metrics is not None:
         raise ConfigError("give --metric or --metrics, not both (--metrics: the first is the main metric)")
-    listed = _names(metrics, "--metrics") if metrics is not None else (metric or "pers_acc",)
+    # an empty name is not the default: it reaches the report, which names the runs' metrics
+    main = "pers_acc" if metric is None else metric.strip()
+    listed = _names(metrics, "--metrics") if metrics is not None else (main,)
+    if not listed:
+        raise ConfigError("--metrics needs at least one metric name (e.g. pers_acc,global_acc)")
     return listed[0], tuple(dict.fromkeys(listed[1:] + _names(extra, "--extra")))
 
 
@@ -201,6 +205,14 @@ class LeaderboardCommand(click.Command):
     "their display names. It is imported (and with it torch, as a plugin usually is).",
 )
 @click.option(
+    "--reference",
+    type=click.Path(file_okay=False),
+    metavar="FOLDER",
+    help="A reference scenario folder (results/reference/<scenario>): its default and tuned rows beside "
+    "the runs of DIRS, which must share its scenario (data, partition, model, rounds; protocol and data "
+    "content for runs of `pflbench reference`); the scenario's target unless --target is given.",
+)
+@click.option(
     "--config",
     type=click.Path(dir_okay=False),
     expose_value=False,
@@ -230,6 +242,7 @@ def leaderboard_command(
     label: str | None,
     include_diverged: bool,
     plugin: tuple[str, ...],
+    reference: str | None,
 ) -> None:
     """Tabulate the finished runs under DIRS: rows = algorithms, columns = (dataset, α) with one
     sub-column per metric (--metrics), cells = mean ± std over seeds, the best bold (a tie for best:
@@ -272,14 +285,33 @@ def leaderboard_command(
         check_writable(plots)
     # --select-by reads diverged runs too: a setting with one is never selected (and is named)
     unfinished: list[str] = []
+    skipped: list[str] = []  # malformed, duplicate or diverged folders (warnings)
 
     def warn(message: str) -> None:
         if message.endswith(f": {UNFINISHED_REASON}"):  # many, e.g. the pruned trials of pflbench tune: one line
             unfinished.append(message.removeprefix("skipped ").removesuffix(f": {UNFINISHED_REASON}"))
         else:
-            click.echo(f"warning: {message}", err=True)
+            skipped.append(message)  # said once the runs are read: the error, if none is left
 
-    frame = load_runs(dirs, warn=warn, include_abnormal=include_diverged or select_by is not None)
+    if reference is not None:  # the reference's rows beside DIRS' runs, checked to share its scenario
+        from pflbench.config.reference import read_scenario
+        from pflbench.report.reference import comparison_frame, setting_renames
+
+        if select_by is not None:
+            raise ConfigError("--select-by cannot be combined with --reference: its rows are already default and tuned")
+        frame = comparison_frame(dirs, reference, warn=warn)
+        renames = {**renames, **setting_renames(frame, renames)}
+        target = target if target is not None else read_scenario(reference).protocol.target
+    else:
+        from pflbench.report.recorded import check_recorded_types
+
+        include = include_diverged or select_by is not None
+        frame = load_runs(dirs, warn=warn, include_abnormal=include, check=check_recorded_types)
+    if frame.empty and skipped:  # nothing left to show: one error line saying why each folder was skipped
+        shown = "; ".join(skipped[:SHOWN_UNFINISHED]) + ("; ..." if len(skipped) > SHOWN_UNFINISHED else "")
+        raise ConfigError(f"no finished runs under {', '.join(dirs)}: {shown}")
+    for message in skipped:
+        click.echo(f"warning: {message}", err=True)
     if unfinished:
         shown = ", ".join(unfinished[:SHOWN_UNFINISHED]) + (", ..." if len(unfinished) > SHOWN_UNFINISHED else "")
         click.echo(

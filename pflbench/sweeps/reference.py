@@ -1,0 +1,276 @@
+"""``pflbench reference``: a reference scenario's cells, run through the sweep and tune machinery.
+
+For each algorithm of a scenario (``config.reference``): its ``pflbench tune`` study (the
+scenario's trial budget, the algorithm's own search space, selection on validation, trials of
+``tune_rounds`` rounds on the first seed; the study's journal makes it resume), then its cells —
+the *default* setting (the algorithm's own defaults) and the *tuned* one (the study's best) over
+the scenario's seeds — as one sweep (``sweeps.local.run_sweep``: finished runs are skipped, stale
+ones re-run, unfinished ones resume, claimed ones are left to the process running them). Every run
+lives in the work folder (``WORK/<scenario>/runs``), named by its settings, so adding an
+algorithm later runs only that algorithm's study and cells.
+
+``WORK/<scenario>/reference.json`` (the work record) lists every cell (algorithm, setting, seed,
+run folder, tuned parameters, status), the scenario's identity and protocol and the dataset's
+content hash; ``report.reference`` writes the shipped artifacts from it, and
+``pflbench leaderboard --reference`` reads it to label a plugin's runs default or tuned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pflbench.config import lora
+from pflbench.config.reference import ALGOS_NON_LORA, Scenario
+from pflbench.config.run_config import RunConfig, hyperparameters_from
+from pflbench.data.dataset import load_dataset
+from pflbench.errors import ConfigError
+from pflbench.registry import ALGORITHMS
+from pflbench.store.layout import SUMMARY_FILE
+from pflbench.store.reader import read_json
+from pflbench.store.writer import write_json
+from pflbench.sweeps.grid import Grid, SweepRun, check_grid, expand_grid
+from pflbench.sweeps.local import run_sweep
+from pflbench.sweeps.record import sweep_record_path
+from pflbench.sweeps.tune import TuneSettings, plan_studies, require_optuna, run_study
+
+WORK_RECORD = "reference.json"
+
+
+def scenario_base(scenario: Scenario, work: str | Path) -> RunConfig:
+    """The shared RunConfig of the scenario's runs (``out``: ``WORK/<scenario>``)."""
+    try:
+        return RunConfig(**{**scenario.shared(), "out": str(Path(work) / scenario.name)})
+    except TypeError as error:
+        raise ConfigError(f"scenario {scenario.name} [run]: {error}") from None
+
+
+def is_lora_only(algo: str) -> bool:
+    """Whether the algorithm always trains LoRA adapters (FedSDG, FlexLoRA): it returns a rank
+    even when ``--lora-rank`` is unset."""
+    algorithm = ALGORITHMS.get(algo)
+    hparams = hyperparameters_from(algorithm.hyperparameters, {}, algo)
+    return lora.lora_rank(algorithm, RunConfig(algo=algo, lora_rank=None), hparams) is not None
+
+
+def scenario_algorithms(scenario: Scenario, requested: tuple[str, ...] = ()) -> list[str]:
+    """The scenario's algorithms (``non-lora``: every registered algorithm that is not LoRA-only,
+    plugins included, so new algorithms join), less ``exclude``; ``requested`` (--algo) picks
+    some of them, or names another registered algorithm (a plugin compared under the protocol)."""
+    protocol = scenario.protocol
+    if protocol.algos == ALGOS_NON_LORA:
+        listed = [name for name in ALGORITHMS.names() if not is_lora_only(name)]
+    else:
+        for name in protocol.algos:  # an unknown name: one error naming it and the valid ones
+            ALGORITHMS.get(name)
+        listed = list(protocol.algos)
+    listed = [name for name in listed if name not in protocol.exclude]
+    if not requested:
+        return listed
+    for name in requested:
+        ALGORITHMS.get(name)
+    return list(dict.fromkeys(requested))
+
+
+def refusals(scenario: Scenario, base: RunConfig, algos: list[str]) -> dict[str, str]:
+    """Algorithm → why it refuses the scenario's settings (its cell planned and built once,
+    without training: ``check_grid``), for the algorithms that do."""
+    refused = {}
+    for algo in algos:
+        try:
+            check_grid(expand_grid(base, _grid(scenario, algo, scenario.protocol.seeds[:1])))
+        except ConfigError as error:
+            refused[algo] = str(error)
+    return refused
+
+
+def pretrain_backbones(scenario: Scenario, base: RunConfig, algos: list[str], echo: Callable[[str], None]) -> None:
+    """The pretrained backbones the scenario's runs start from (LoRA runs: one per seed), built
+    here one after another before any run: runs started at once (``--jobs``) would each train
+    the same backbone; afterwards every run finds it in the cache."""
+    from pflbench.data.partitioners import public_split
+    from pflbench.models.pretrain import pretrain_backbone
+    from pflbench.runs.prepare import resolve_device
+    from pflbench.util.threads import apply_threads
+
+    done: set[str] = set()
+    for algo in algos:
+        algorithm = ALGORITHMS.get(algo)
+        for cell in expand_grid(base, _grid(scenario, algo, scenario.protocol.seeds)):
+            config = cell.config
+            hparams = hyperparameters_from(algorithm.hyperparameters, dict(cell.algo_options), algo)
+            if not config.init_spec.pretrains(lora.is_lora_run(algorithm, config, hparams)):
+                continue
+            key = repr((config.dataset, config.model, config.model_option, config.public_frac, config.seed))
+            if key in done:
+                continue
+            done.add(key)
+            apply_threads(config.threads)  # the count its cache key records (bits differ by threads)
+            dataset = load_dataset(config.dataset, config.dataset_options())
+            _, public = public_split(dataset.labels.numpy(), float(config.public_frac or 0.0), config.seed)
+            backbone = pretrain_backbone(config, dataset, public, resolve_device(config.device))
+            state = "cached" if backbone.from_cache else "pretrained"
+            echo(f"backbone {config.model} seed {config.seed}: {state}, held-back accuracy {backbone.val_accuracy:.4f}")
+
+
+def dataset_sha256(scenario: Scenario, base: RunConfig) -> str:
+    """The content hash of the scenario's dataset as loaded (images and labels): two machines'
+    references compare only when their data are the same bytes."""
+    data = load_dataset(scenario.dataset, base.dataset_options())
+    digest = hashlib.sha256()
+    for tensor in (data.inputs, data.labels):
+        digest.update(str((tuple(tensor.shape), str(tensor.dtype))).encode())
+        digest.update(tensor.contiguous().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+@dataclasses.dataclass
+class Cell:
+    """One (algorithm, setting, seed) of the reference and the run that fills it (None: the tuned
+    setting is not known yet: its study has no completed trial)."""
+
+    algo: str
+    setting: str
+    seed: int
+    run: SweepRun | None
+    params: dict[str, Any]
+    note: str = ""
+
+    def status(self) -> str:
+        if self.run is None:
+            return "missing"
+        summary = self.run.run_dir / SUMMARY_FILE
+        if not summary.is_file():
+            return "failed" if self.run.status == "failed" else "missing"
+        record = read_json(summary)
+        status = record.get("status") if isinstance(record, dict) else None
+        return "done" if status in (None, "completed", "ok") else str(status)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "algo": self.algo,
+            "setting": self.setting,
+            "seed": self.seed,
+            "run": None if self.run is None else self.run.name,
+            "params": self.params,
+            "status": self.status(),
+            **({"note": self.note} if self.note else {}),
+        }
+
+
+def _grid(scenario: Scenario, algo: str, seeds: tuple[int, ...], params: dict[str, Any] | None = None) -> Grid:
+    options = {**scenario.algo_options.get(algo, {}), **(params or {})}  # its variant, then tuned values
+    axes = {name: (value,) for name, value in options.items()}
+    return Grid((algo,), (scenario.dataset,), (scenario.alpha,), seeds, axes)
+
+
+def tune_settings(scenario: Scenario) -> TuneSettings:
+    p = scenario.protocol
+    return TuneSettings(p.objective, p.trials, p.sampler, p.pruner, p.sampler_seed)
+
+
+def algorithm_cells(
+    scenario: Scenario,
+    base: RunConfig,
+    algo: str,
+    jobs: int,
+    plugins: tuple[str, ...],
+    echo: Callable[[str], None],
+    run: bool = True,
+) -> tuple[list[Cell], dict[str, Any] | None]:
+    """The algorithm's study (run to its budget when ``run``), then its default and tuned cells
+    over the seeds, run as one sweep when ``run``. Returns the cells and the study record."""
+    seeds = scenario.protocol.seeds
+    tune_base = dataclasses.replace(base, rounds=scenario.protocol.tune_rounds or base.rounds)
+    (plan,) = plan_studies(tune_base, _grid(scenario, algo, seeds[:1]), {}, tune_settings(scenario))
+    study: dict[str, Any] | None
+    if run:
+        check_grid([plan.cell])  # bad settings refuse before the first trial
+        study = run_study(plan, plugins, jobs, echo)
+    else:
+        study = read_json(plan.path(".json")) if plan.path(".json").is_file() else None
+    best = (study or {}).get("best")
+    cells = [
+        Cell(algo, "default", run_.config.seed, run_, {})
+        for run_ in expand_grid(base, _grid(scenario, algo, seeds), jobs)
+    ]
+    if best is None:
+        note = "its tuning study has no completed trial" if study else "not tuned yet"
+        cells += [Cell(algo, "tuned", seed, None, {}, note) for seed in seeds]
+    else:
+        params = dict(best["params"])
+        tuned = expand_grid(base, _grid(scenario, algo, seeds, params), jobs)
+        cells += [Cell(algo, "tuned", run_.config.seed, run_, params) for run_ in tuned]
+    if run:
+        runs = list({c.run.name: c.run for c in cells if c.run is not None}.values())  # tuned = default: once
+        grid = _grid(scenario, algo, seeds)
+        run_sweep(runs, sweep_record_path(base.out, grid, base), grid, base, plugins, _reporter(echo, runs), jobs=jobs)
+    return cells, study
+
+
+def _reporter(echo: Callable[[str], None], runs: list[SweepRun]) -> Callable[[int, SweepRun, Any], None]:
+    def report(index: int, run: SweepRun, summary: dict[str, Any] | None) -> None:
+        if summary is not None:
+            detail = f"done, pers_acc {summary.get('pers_acc', float('nan')):.4f}, {summary.get('wall_time_s', 0):.1f}s"
+        elif run.status == "skipped":
+            detail = "already finished"
+        else:
+            detail = f"{run.status} {run.error or ''}".strip()
+        echo(f"  [{index + 1}/{len(runs)}] {run.describe()}: {detail}")
+
+    return report
+
+
+def work_record_path(base: RunConfig) -> Path:
+    return Path(base.out) / WORK_RECORD
+
+
+def write_work_record(
+    scenario: Scenario, base: RunConfig, cells: list[Cell], sha256: str | None, studies: dict[str, Any]
+) -> dict[str, Any]:
+    """``WORK/<scenario>/reference.json``: this invocation's cells merged over the earlier ones
+    (the algorithms it did not touch keep their cells, unless the scenario's settings or
+    protocol changed since: their runs are then of another scenario)."""
+    path = work_record_path(base)
+    previous = read_json(path) if path.is_file() else {}
+    if (previous or {}).get("scenario_identity") != scenario.identity():  # the scenario changed: start afresh
+        previous = {}
+    touched = {c.algo for c in cells}
+    kept = [c for c in (previous or {}).get("cells", []) if c.get("algo") not in touched]
+    record = {
+        "scenario": scenario.name,
+        "scenario_identity": scenario.identity(),
+        "run": {k: list(v) if isinstance(v, tuple) else v for k, v in scenario.run.items()},
+        "protocol": scenario.protocol.budget(),
+        "dataset_sha256": sha256 or (previous or {}).get("dataset_sha256"),
+        "studies": {**(previous or {}).get("studies", {}), **studies},
+        "cells": kept + [c.to_json() for c in cells],
+    }
+    write_json(path, record)
+    return record
+
+
+def study_summary(study: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the artifacts keep of a study record: the chosen setting, its validation value, the
+    space and the trial states (no per-round values)."""
+    if not study:
+        return None
+    states: dict[str, int] = {}
+    for trial in study.get("trials", []):
+        states[trial["state"]] = states.get(trial["state"], 0) + 1
+    return {
+        "study": study.get("study"),
+        "space": study.get("space"),
+        "objective": study.get("objective"),
+        "selected_on": study.get("selected_on"),
+        "trials_asked": study.get("trials_asked"),
+        "trial_states": states,
+        "best": study.get("best"),
+    }
+
+
+def check_optuna() -> None:
+    require_optuna()
