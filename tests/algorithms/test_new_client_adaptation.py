@@ -24,6 +24,7 @@ FRESH_PRIVATE_PART = {"fedper", "fedrep", "lgfedavg", "fedbn", "fedrod", "local"
 FRESH_PRIVATE_PART |= {"fedpac", "feddbe"}  # a fresh classifier / PRBM on the trained model
 FRESH_PRIVATE_PART |= {"fedas"}  # a fresh head on the global body
 FRESH_PRIVATE_PART |= {"fedcp"}  # a fresh personalized head (and its vector) on the global route
+GLOBAL_FINE_TUNED = {"apfl", "fedcac"}  # no local state yet: the global model trained for --local-epochs
 OWN_PROGRAM = {
     "fedproto": "FedProtoNewClientProgram",
     "ditto": "DittoNewClientProgram",
@@ -37,6 +38,9 @@ OWN_PROGRAM = {
     "fedmtl": "FedMTLNewClientProgram",  # a new task trained against the reported models
     "pfedhn": "PFedHNNewClientProgram",  # its embedding learned with the hypernetwork frozen
     "pflmoe": "PFLMoENewClientProgram",  # v fine-tuned from the global model, then the gate
+    "pfedgraph": "PFedGraphNewClientProgram",  # its objective once from the share-weighted models
+    "fedem": "FedEMNewClientProgram",  # π by EM with the components frozen
+    "knnper": "DatastoreProgram",  # its own datastore under the global model
 }
 
 
@@ -58,7 +62,7 @@ def prepared(algo: str, out: Path, **options):
 
 
 def test_every_built_in_algorithm_is_in_the_table() -> None:
-    listed = AS_IT_IS | FRESH_PRIVATE_PART | set(OWN_PROGRAM) | {"fedbabu", "apfl"}
+    listed = AS_IT_IS | FRESH_PRIVATE_PART | set(OWN_PROGRAM) | {"fedbabu"} | GLOBAL_FINE_TUNED
     assert listed == set(BUILT_IN) and len(BUILT_IN) >= 19
 
 
@@ -79,7 +83,7 @@ def test_each_algorithm_serves_new_clients_as_documented(algo: str, tmp_path: Pa
             assert torch.equal(start[name], algorithm.store.initial[name]), name
     elif algo == "fedbabu":  # its own fine-tuning of every client, --ft-epochs
         assert isinstance(program, FineTuneProgram) and program.epochs == 4
-    elif algo == "apfl":  # the fallback: the global model fine-tuned for --local-epochs
+    elif algo in GLOBAL_FINE_TUNED:  # the fallback: the global model fine-tuned for --local-epochs
         assert isinstance(program, FineTuneProgram) and program.names == frozenset(layout.trainable)
         assert program.epochs == 2
     else:
