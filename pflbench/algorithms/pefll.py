@@ -141,9 +141,13 @@ def init_hypernetwork(
 
 
 def embed_samples(psi: Tensors, inputs: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """E(x, y; ψ) per sample: the MLP on [flatten(x) ‖ one-hot(y)]."""
-    pooled = F.adaptive_avg_pool2d(inputs, POOLED) if inputs.dim() == 4 else inputs
-    features = torch.cat([pooled.flatten(1), F.one_hot(labels, num_classes).to(inputs.dtype)], dim=1)
+    """E(x, y; ψ) per sample: the MLP on [x' ‖ one-hot(y)]. x' is the flattened input when ψ was built
+    for it (``embedding_input_features``: a model whose first layer is a Linear, e.g. ``mlp`` on
+    images), else the image average-pooled to 8 × 8 (a first Conv2d); for 8 × 8 images both agree."""
+    flat = inputs.flatten(1)
+    if inputs.dim() == 4 and flat.shape[1] + num_classes != psi["fc0.weight"].shape[1]:
+        flat = F.adaptive_avg_pool2d(inputs, POOLED).flatten(1)
+    features = torch.cat([flat, F.one_hot(labels, num_classes).to(inputs.dtype)], dim=1)
     layers = len(psi) // 2
     for index in range(layers):
         features = F.linear(features, psi[f"fc{index}.weight"], psi[f"fc{index}.bias"])

@@ -57,6 +57,14 @@ def test_images_enter_the_embedding_average_pooled_to_8x8() -> None:
     assert torch.allclose(out[0, :64], pooled) and out[0, 64:].tolist() == [0.0, 1.0]
 
 
+def test_images_enter_flattened_when_the_model_reads_them_flat() -> None:
+    """mlp on 28 × 28 images: ψ is built for the 784 flattened pixels (+ labels), so no pooling."""
+    image = torch.arange(784.0).reshape(1, 1, 28, 28)
+    psi = {"fc0.weight": torch.eye(786), "fc0.bias": torch.zeros(786)}
+    out = embed_samples(psi, image, torch.tensor([0]), 2)
+    assert torch.equal(out[0, :784], image.flatten()) and out[0, 784:].tolist() == [1.0, 0.0]
+
+
 def test_client_embedding_is_the_standardised_mean() -> None:
     v = client_embedding(torch.tensor([2.0, 4.0, 6.0]), 2)  # mean [1, 2, 3], sd 1 (n − 1)
     assert torch.allclose(v, torch.tensor([-1.0, 0.0, 1.0]))
