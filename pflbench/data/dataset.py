@@ -66,11 +66,13 @@ def cache_dir() -> Path:
 
 def dataset_cache_key(name: str, options: dict[str, Any], loader: Any) -> dict[str, Any]:
     """What the cached tensors depend on: name, options, format version, and, for a loader with
-    a ``cache_key(**options)`` (local files), its fingerprint of the files it reads."""
+    a ``cache_key(**options)`` (local files), its fingerprint of the files it reads (None: it
+    reads none, e.g. a hub dataset read from the Hugging Face cache)."""
     key: dict[str, Any] = {"name": name, "options": options, "v": CACHE_FORMAT_VERSION}
     fingerprint = getattr(loader, "cache_key", None)
-    if fingerprint is not None:
-        key["files"] = fingerprint(**options)
+    files = fingerprint(**options) if fingerprint is not None else None
+    if files is not None:
+        key["files"] = files
     return json.loads(json.dumps(key, sort_keys=True, default=str))
 
 
@@ -138,8 +140,10 @@ def load_dataset(name: str, options: dict[str, Any] | None = None, use_cache: bo
         except (KeyError, TypeError, ValueError, IndexError):
             cache.warn(f"cache file {path} has an unexpected layout; deleted it and rebuilding")
             cache.discard(path)
-    progress.note(f"preparing dataset {name} (once: later runs read the cache {path})")
-    dataset = _call_loader(name, loader, options)
+    announced = _Announced(progress.current(), f"preparing dataset {name} (once: later runs read the cache {path})")
+    with progress.reporting(announced if progress.active() else progress.current()):
+        dataset = _call_loader(name, loader, options)
+    announced.announce()
     converted = _to_entry(dataset, key)
     if converted is not None:
         try:
@@ -149,12 +153,40 @@ def load_dataset(name: str, options: dict[str, Any] | None = None, use_cache: bo
     return dataset
 
 
+class _Announced:
+    """The current progress reporter, with ``line`` said before the first thing a loader reports
+    (a stage, e.g. decoding, or a note) or once it returns: a loader that fails before it reads
+    anything (a missing folder, an unreachable hub) is not announced as preparing the dataset."""
+
+    def __init__(self, reporter: progress.Reporter, line: str) -> None:
+        self.reporter, self.line, self.said = reporter, line, False
+
+    def announce(self) -> None:
+        if not self.said:
+            self.said = True
+            self.reporter.note(self.line)
+
+    def note(self, line: str) -> None:
+        self.announce()
+        self.reporter.note(line)
+
+    def start(self, name: str, total: int, unit: str) -> Any:
+        self.announce()
+        return self.reporter.start(name, total, unit)
+
+    def update(self, handle: Any, done: int, status: str) -> None:
+        self.reporter.update(handle, done, status)
+
+    def finish(self, handle: Any, status: str) -> None:
+        self.reporter.finish(handle, status)
+
+
 def _call_loader(name: str, loader: Any, options: dict[str, Any]) -> TensorDataset:
     """The loader's dataset; its failure on bad option values is one usage error naming them."""
     try:
         return loader(**options)
     except ConfigError as error:
-        if "--dataset-option" in str(error) or not options:
+        if "--dataset-option" in str(error) or not set(options) - {"data_dir"}:  # --data-dir: no option given
             raise
         raise ConfigError(f"--dataset-option for dataset {name!r}: {error}") from error
     except (TypeError, ValueError, AssertionError, ZeroDivisionError, OverflowError, IndexError) as error:

@@ -1,8 +1,15 @@
-"""MNIST, Fashion-MNIST, CIFAR-10, CIFAR-100 and SVHN from the Hugging Face Hub or a local copy.
+"""MNIST, Fashion-MNIST, KMNIST, EMNIST, CIFAR-10, CIFAR-100 and SVHN: from the dataset's own
+on-disk format, the Hugging Face Hub or a local copy of it.
 
 Each loader pools all of the dataset's splits (train + test) into one ``TensorDataset`` (SVHN:
 train + test, its ``extra`` split only with the option ``extra=true``).
-``data_dir`` names a local copy, in either of two forms:
+
+``data_dir`` holding the dataset's own files is read directly (``datasets.torchvision_files``):
+MNIST-family IDX files (plain or ``.gz``) in the folder itself or in torchvision's
+``<data_dir>/<Name>/raw``; CIFAR's python pickles in the folder or in ``<data_dir>/cifar-10-batches-py``
+/ ``cifar-100-python``. KMNIST and EMNIST are read only so. ``fashion_mnist`` without ``data_dir``
+reads ``/usr/share/datasets/fashion-mnist`` when it exists (Debian's ``dataset-fashion-mnist``).
+Otherwise ``data_dir`` names a Hugging Face local copy, in either of two forms:
 
 * a clone of the hub repository (``git clone https://huggingface.co/datasets/<hub id>`` with
   git-lfs), or any folder of its parquet files; it is passed as the path to
@@ -32,7 +39,7 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,6 +51,7 @@ from huggingface_hub.utils import get_session, httpx
 from PIL import Image
 
 from pflbench.data.dataset import TensorDataset
+from pflbench.datasets import torchvision_files as files
 from pflbench.errors import ConfigError
 from pflbench.registry import register_dataset
 from pflbench.util import progress
@@ -215,10 +223,10 @@ def _from_hub(source: HubSource) -> dict[str, datasets.Dataset]:
 
 def _from_local_copy(source: HubSource, path: Path) -> dict[str, datasets.Dataset]:
     """A hub-repo clone (parquet files) or a ``save_to_disk`` folder."""
+    if not path.is_dir():  # before importing Hugging Face datasets (seconds)
+        raise _unavailable(source, f"data_dir {str(path)!r} is not a directory")
     import datasets
 
-    if not path.is_dir():
-        raise _unavailable(source, f"data_dir {str(path)!r} is not a directory")
     if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
         return _as_splits(datasets.load_from_disk(str(path)))
     reject_lfs_pointers(sorted(path.rglob("*.parquet")))
@@ -313,32 +321,177 @@ CIFAR100_LABELS = {"fine": "fine_label", "coarse": "coarse_label"}
 SVHN = HubSource("svhn", "ufldl-stanford/svhn", "image", "label", config="cropped_digits")
 SVHN_EXTRA_SPLIT = "extra"
 TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+# read when the loader is given no data_dir: a system-wide copy in the dataset's own format
+DEFAULT_DIRS = {"fashion_mnist": Path("/usr/share/datasets/fashion-mnist")}  # Debian: dataset-fashion-mnist
+_HF_MARKERS = ("dataset_dict.json", "state.json")
+
+
+@dataclass(frozen=True)
+class OnDisk:
+    """A dataset's own on-disk format: how to find its files under a folder and read them."""
+
+    describe: str  # what the folder should hold, for messages
+    download: str  # torchvision's call that downloads the files into DIR
+    locate: Callable[[Path], list[Path] | None]  # its files (None: the folder holds none of them)
+    read: Callable[[Path], TensorDataset]
+
+
+def idx_format(layout: files.IdxLayout) -> OnDisk:
+    stems = layout.stems()
+
+    def locate(folder: Path) -> list[Path] | None:
+        found = files.find_idx(folder, layout)
+        return None if found is None else list(found.values())
+
+    def read(folder: Path) -> TensorDataset:
+        found = files.find_idx(folder, layout)
+        assert found is not None  # located before being read
+        return files.load_idx(found, layout)
+
+    where = f"in the folder, its {layout.torchvision}/raw or raw/"
+    described = f"{layout.title} IDX files {', '.join(s + '[.gz]' for s in stems.values())} ({where})"
+    download = f"torchvision.datasets.{layout.torchvision}('DIR'{layout.download_options}, download=True)"
+    return OnDisk(described, download, locate, read)
+
+
+def cifar_format(layout: files.CifarLayout) -> OnDisk:
+    names = (*layout.train, *layout.test, layout.meta)
+
+    def locate(folder: Path) -> list[Path] | None:
+        found = files.find_cifar(folder, layout)
+        return None if found is None else [found / name for name in names]
+
+    def read(folder: Path) -> TensorDataset:
+        found = files.find_cifar(folder, layout)
+        assert found is not None
+        return files.load_cifar(found, layout)
+
+    described = f"{layout.title} python files {', '.join(names)} (in the folder or its {layout.folder}/)"
+    download = f"torchvision.datasets.{'CIFAR10' if layout.num_classes == 10 else 'CIFAR100'}('DIR', download=True)"
+    return OnDisk(described, download, locate, read)
+
+
+def _data_folder(name: str, data_dir: str | None) -> tuple[Path | None, bool]:
+    """The folder to look in (``data_dir``, else the dataset's default folder if it exists) and
+    whether it is the default."""
+    if data_dir is not None:
+        return Path(data_dir).expanduser().resolve(), False
+    default = DEFAULT_DIRS.get(name)
+    return (default, True) if default is not None and default.is_dir() else (None, False)
+
+
+def _is_hub_copy(folder: Path) -> bool:
+    """Whether ``folder`` looks like a Hugging Face copy (parquet/arrow files or save_to_disk)."""
+    if any((folder / marker).is_file() for marker in _HF_MARKERS):
+        return True
+    return any(True for pattern in ("*.parquet", "*.arrow") for _ in folder.rglob(pattern))
+
+
+def _contents(folder: Path, limit: int = 6) -> str:
+    entries = sorted(entry.name + ("/" if entry.is_dir() else "") for entry in folder.iterdir())
+    shown = ", ".join(entries[:limit]) + (f", ... ({len(entries)} entries)" if len(entries) > limit else "")
+    return f"it holds {shown}" if entries else "it is empty"
+
+
+def load_local_or_hub(
+    source: HubSource | None, data_dir: str | None, on_disk: OnDisk, name: str, label_column: str | None = None
+) -> TensorDataset:
+    """``on_disk``'s files under ``data_dir`` (or the default folder), else the hub copy or the hub.
+
+    A folder that holds neither the on-disk format nor a Hugging Face copy is one ConfigError
+    naming both; the default folder must hold the on-disk format (no silent fallback)."""
+    folder, is_default = _data_folder(name, data_dir)
+    if folder is not None and folder.is_dir():
+        if on_disk.locate(folder) is not None:
+            return on_disk.read(folder)
+        if is_default or source is None or not _is_hub_copy(folder):
+            hub = (
+                ""
+                if source is None or is_default
+                else " or a Hugging Face copy (parquet files or a save_to_disk folder)"
+            )
+            raise ConfigError(
+                f"{str(folder)!r} holds no data files of dataset {name!r}: expected {on_disk.describe}{hub}; "
+                f"{_contents(folder)}"
+            )
+    if source is None:
+        reason = "no data_dir given" if folder is None else f"data_dir {str(folder)!r} is not a directory"
+        raise ConfigError(
+            f"dataset {name!r} is read from its IDX files, {reason}: pass --data-dir with {on_disk.describe} "
+            f'(torchvision writes them: python -c "import torchvision; {on_disk.download}" '
+            "on a machine with network, then --data-dir DIR)"
+        )
+    return load_hub_dataset(source, data_dir, label_column)
+
+
+def on_disk_cache_key(name: str, on_disk: Callable[..., OnDisk]) -> Callable[..., dict[str, Any] | None]:
+    """A loader's ``cache_key``: the fingerprint of the on-disk files it would read (None when it
+    reads the hub: the cache key is then the options alone, as before)."""
+
+    def cache_key(data_dir: str | None = None, **options: Any) -> dict[str, Any] | None:
+        folder, _ = _data_folder(name, data_dir)
+        located = on_disk(**options).locate(folder) if folder is not None and folder.is_dir() else None
+        return None if located is None else {"on_disk": files.fingerprint(located)}
+
+    return cache_key
+
+
+def _option(value: str, choices: Sequence[str], what: str) -> str:
+    if value not in choices:
+        raise ConfigError(f"{what} must be one of {', '.join(choices)}, got {value!r}")
+    return value
 
 
 @register_dataset("mnist")
 def mnist(data_dir: str | None = None) -> TensorDataset:
-    """MNIST (ylecun/mnist): 70,000 28×28 grayscale handwritten digits, 10 classes."""
-    return load_hub_dataset(MNIST, data_dir)
+    """MNIST: 70,000 28×28 grayscale handwritten digits, 10 classes (IDX files or ylecun/mnist)."""
+    return load_local_or_hub(MNIST, data_dir, idx_format(files.MNIST), "mnist")
 
 
 @register_dataset("fashion_mnist")
 def fashion_mnist(data_dir: str | None = None) -> TensorDataset:
-    """Fashion-MNIST (zalando-datasets/fashion_mnist): 70,000 28×28 grayscale, 10 classes."""
-    return load_hub_dataset(FASHION_MNIST, data_dir)
+    """Fashion-MNIST: 70,000 28×28 grayscale, 10 classes (IDX files, by default
+    /usr/share/datasets/fashion-mnist if present; or zalando-datasets/fashion_mnist)."""
+    return load_local_or_hub(FASHION_MNIST, data_dir, idx_format(files.FASHION_MNIST), "fashion_mnist")
+
+
+@register_dataset("kmnist")
+def kmnist(data_dir: str | None = None) -> TensorDataset:
+    """Kuzushiji-MNIST: 70,000 28×28 grayscale cursive Japanese characters, 10 classes (IDX files)."""
+    return load_local_or_hub(None, data_dir, idx_format(files.KMNIST), "kmnist")
+
+
+@register_dataset("emnist")
+def emnist(data_dir: str | None = None, split: str = "balanced") -> TensorDataset:
+    """EMNIST (IDX files emnist-<split>-...): split=balanced (131,600 images, 47 classes), byclass
+    (62), bymerge (47), letters (26; stored 1..26, read as 0..25), digits or mnist (10)."""
+    return load_local_or_hub(None, data_dir, idx_format(files.emnist_layout(split)), "emnist")
 
 
 @register_dataset("cifar10")
 def cifar10(data_dir: str | None = None) -> TensorDataset:
-    """CIFAR-10 (uoft-cs/cifar10): 60,000 32×32 RGB images, 10 classes."""
-    return load_hub_dataset(CIFAR10, data_dir)
+    """CIFAR-10: 60,000 32×32 RGB images, 10 classes (cifar-10-batches-py or uoft-cs/cifar10)."""
+    return load_local_or_hub(CIFAR10, data_dir, cifar_format(files.CIFAR10), "cifar10")
+
+
+def _cifar100_format(label: str = "fine") -> OnDisk:
+    _option(label, list(CIFAR100_LABELS), "cifar100 option label")
+    return cifar_format(files.CIFAR100_FINE if label == "fine" else files.CIFAR100_COARSE)
 
 
 @register_dataset("cifar100")
 def cifar100(data_dir: str | None = None, label: str = "fine") -> TensorDataset:
-    """CIFAR-100 (uoft-cs/cifar100): 60,000 32×32 RGB; label="fine" (100) or "coarse" (20)."""
-    if label not in CIFAR100_LABELS:
-        raise ConfigError(f"cifar100 option label must be one of {', '.join(CIFAR100_LABELS)}, got {label!r}")
-    return load_hub_dataset(CIFAR100, data_dir, CIFAR100_LABELS[label])
+    """CIFAR-100: 60,000 32×32 RGB; label="fine" (100) or "coarse" (20) (cifar-100-python or uoft-cs/cifar100)."""
+    on_disk = _cifar100_format(label)
+    return load_local_or_hub(CIFAR100, data_dir, on_disk, "cifar100", CIFAR100_LABELS[label])
+
+
+mnist.cache_key = on_disk_cache_key("mnist", lambda: idx_format(files.MNIST))
+fashion_mnist.cache_key = on_disk_cache_key("fashion_mnist", lambda: idx_format(files.FASHION_MNIST))
+kmnist.cache_key = on_disk_cache_key("kmnist", lambda: idx_format(files.KMNIST))
+emnist.cache_key = on_disk_cache_key("emnist", lambda split="balanced": idx_format(files.emnist_layout(split)))
+cifar10.cache_key = on_disk_cache_key("cifar10", lambda: cifar_format(files.CIFAR10))
+cifar100.cache_key = on_disk_cache_key("cifar100", _cifar100_format)
 
 
 def _flag(value: bool | int | str, what: str) -> bool:
