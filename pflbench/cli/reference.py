@@ -129,6 +129,7 @@ def _scenario(
         refusals,
         scenario_algorithms,
         scenario_base,
+        shipped_algorithm,
         study_summary,
         work_record_path,
         write_work_record,
@@ -167,7 +168,14 @@ def _scenario(
     pretrain_backbones(scenario, base, names, click.echo)
     failed = 0
     written_at = time.monotonic()
+    record = None
     for index, algo in enumerate(names):
+        shipped = shipped_algorithm(scenario, base, algo, folder, jobs)
+        if shipped is not None:  # every cell in the committed artifacts, made by today's code
+            cells, study = shipped
+            click.echo(f"[{scenario.name} {index + 1}/{len(names)}] {algo}: all {len(cells)} cells shipped in {folder}")
+            record = write_work_record(scenario, base, cells, sha256, {algo: study}, shipped=folder)
+            continue
         click.echo(f"[{scenario.name} {index + 1}/{len(names)}] {algo}: tuning ({protocol.trials} trials), then runs")
         try:
             cells, study = algorithm_cells(scenario, base, algo, jobs, plugin, click.echo)
@@ -181,13 +189,14 @@ def _scenario(
             + (f"; tuned {_params(cells[-1].params)}" if cells[-1].params else "")
         )
         failed += statuses.count("done") < len(cells)
-        record = write_work_record(scenario, base, cells, sha256, {algo: study_summary(study)})
+        record = write_work_record(scenario, base, cells, sha256, {algo: study_summary(study)}, shipped=folder)
         # partial progress can be committed: the artifacts follow the cells, at least every few
         # minutes (a write reads every cell's run folder and draws the curves) and at the end
-        last = index == len(names) - 1
-        if artifacts and (last or time.monotonic() - written_at >= ARTIFACTS_EVERY_S):
+        if artifacts and time.monotonic() - written_at >= ARTIFACTS_EVERY_S:
             write_artifacts(scenario, folder, record, runs_dir, click.echo)
             written_at = time.monotonic()
+    if artifacts and record is not None:
+        write_artifacts(scenario, folder, record, runs_dir, click.echo)
     return failed
 
 

@@ -159,6 +159,8 @@ def write_artifacts(
     folder, runs_dir = Path(folder), Path(runs_dir)
     old_summary, old_curves, old_manifest = _existing(folder)
     old_runs = {r["run"]: r for r in old_manifest.get("runs", [])}
+    hyper_file = folder / "hyperparameters.json"
+    old_hyper = load_json(hyper_file) if hyper_file.is_file() else {}
     summary_rows: list[dict[str, Any]] = []
     curve_parts: list[pd.DataFrame] = []
     manifest_runs: list[dict[str, Any]] = []
@@ -199,11 +201,15 @@ def write_artifacts(
             if not old_curves.empty:
                 curve_parts.append(old_curves[_key_mask(old_curves, cell)])
             manifest_runs.append(old_runs[cell["run"]])
+            shipped = old_hyper.get(cell["algo"], {}).get(cell["setting"]) if isinstance(old_hyper, dict) else None
+            if isinstance(shipped, dict):  # its resolved (and tuned) setting, as shipped
+                hyper.setdefault(cell["algo"], {}).setdefault(cell["setting"], shipped)
         else:
             status = cell.get("status", "missing")
             summary_rows.append(_summary_row(cell, "missing" if status == "done" else status, {}, None, None))
     for algo, study in (record.get("studies") or {}).items():
-        hyper.setdefault(algo, {}).setdefault("tuned", {})["study"] = study
+        if study is not None:
+            hyper.setdefault(algo, {}).setdefault("tuned", {})["study"] = study
     summary = pd.DataFrame(summary_rows, columns=[*KEY, "status", "run", *SUMMARY_METRICS, *DERIVED])
     curves = pd.concat(curve_parts, ignore_index=True) if curve_parts else pd.DataFrame(columns=[*KEY, "round"])
     fixed = _constant(settings) if settings else old_manifest.get("scenario_settings", {})

@@ -138,8 +138,11 @@ class Cell:
     run: SweepRun | None
     params: dict[str, Any]
     note: str = ""
+    shipped: bool = False  # done elsewhere (an earlier session, another machine): its row is in the artifacts
 
     def status(self) -> str:
+        if self.shipped:
+            return "done"
         if self.run is None:
             return "missing"
         summary = self.run.run_dir / SUMMARY_FILE
@@ -211,6 +214,64 @@ def algorithm_cells(
     return cells, study
 
 
+def shipped_runs(folder: str | Path) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """The shipped artifacts of a scenario folder: its manifest's finished runs by folder name, and
+    ``hyperparameters.json`` (both empty when absent). The work folder is not kept between machines
+    or sessions (it holds checkpoints); these files are, in git."""
+    folder = Path(folder)
+    manifest = read_json(folder / "manifest.json") if (folder / "manifest.json").is_file() else None
+    hyper = read_json(folder / "hyperparameters.json") if (folder / "hyperparameters.json").is_file() else None
+    runs = manifest.get("runs", []) if isinstance(manifest, dict) else []
+    by_name = {r["run"]: r for r in runs if isinstance(r, dict) and isinstance(r.get("run"), str)}
+    return by_name, hyper if isinstance(hyper, dict) else {}
+
+
+def shipped_algorithm(
+    scenario: Scenario, base: RunConfig, algo: str, folder: str | Path, jobs: int = 1
+) -> tuple[list[Cell], dict[str, Any] | None] | None:
+    """The algorithm's cells when the shipped artifacts already hold every one of them, run with
+    today's code (each planned run folder — the default setting's, and the tuned setting's from the
+    shipped tuned values — is in the manifest with today's code identity); else None (it runs).
+    So a regeneration resumes across sessions and machines from what was committed, and an
+    algorithm whose file changed runs again."""
+    from pflbench.config.provenance import current_code_identity
+
+    runs, hyper = shipped_runs(folder)
+    tuned = ((hyper.get(algo) or {}).get("tuned") or {}) if isinstance(hyper.get(algo), dict) else {}
+    params = tuned.get("params") if isinstance(tuned, dict) else None
+    if not runs or not isinstance(params, dict) or not params and "study" not in tuned:
+        return None
+    seeds = scenario.protocol.seeds
+    planned = [("default", r, {}) for r in expand_grid(base, _grid(scenario, algo, seeds), jobs)]
+    planned += [("tuned", r, dict(params)) for r in expand_grid(base, _grid(scenario, algo, seeds, params), jobs)]
+    if any((run_.run_dir / SUMMARY_FILE).is_file() for _, run_, _ in planned):
+        return None  # its runs are in this work folder: the sweep reads them back (or finishes them)
+    for setting, run_, _ in planned:
+        entry = runs.get(run_.name)
+        if entry is None or entry.get("setting") != setting and setting == "default":
+            return None
+        if entry.get("code") != current_code_identity(run_.config):
+            return None
+    cells = [Cell(algo, setting, r.config.seed, r, p, shipped=True) for setting, r, p in planned]
+    return cells, tuned.get("study") if isinstance(tuned.get("study"), dict) else None
+
+
+def shipped_cells(folder: str | Path) -> list[dict[str, Any]]:
+    """The work record's cells of every finished run the shipped manifest lists (a fresh work folder
+    starts from them, so an invocation for some algorithms keeps the others' shipped rows)."""
+    runs, hyper = shipped_runs(folder)
+    cells = []
+    for name, entry in runs.items():
+        if not all(k in entry for k in ("algo", "setting", "seed")):
+            continue
+        tuned = (hyper.get(entry["algo"]) or {}).get("tuned") if isinstance(hyper.get(entry["algo"]), dict) else None
+        params = (tuned or {}).get("params", {}) if entry["setting"] == "tuned" else {}
+        cells.append(
+            {**{k: entry[k] for k in ("algo", "setting", "seed")}, "run": name, "params": params, "status": "done"}
+        )
+    return cells
+
+
 def _reporter(echo: Callable[[str], None], runs: list[SweepRun]) -> Callable[[int, SweepRun, Any], None]:
     def report(index: int, run: SweepRun, summary: dict[str, Any] | None) -> None:
         if summary is not None:
@@ -229,13 +290,39 @@ def work_record_path(base: RunConfig) -> Path:
 
 
 def write_work_record(
-    scenario: Scenario, base: RunConfig, cells: list[Cell], sha256: str | None, studies: dict[str, Any]
+    scenario: Scenario,
+    base: RunConfig,
+    cells: list[Cell],
+    sha256: str | None,
+    studies: dict[str, Any],
+    shipped: str | Path | None = None,
 ) -> dict[str, Any]:
     """``WORK/<scenario>/reference.json``: this invocation's cells merged over the earlier ones
     (the algorithms it did not touch keep their cells, unless the scenario's settings or
-    protocol changed since: their runs are then of another scenario)."""
+    protocol changed since: their runs are then of another scenario). A new work folder starts
+    from the artifacts shipped in ``shipped`` (their manifest's finished runs), when they are of
+    this scenario."""
     path = work_record_path(base)
     previous = read_json(path) if path.is_file() else {}
+    if not previous and shipped is not None:
+        manifest = Path(shipped) / "manifest.json"
+        record = read_json(manifest) if manifest.is_file() else None
+        if isinstance(record, dict) and record.get("scenario_identity") == scenario.identity():
+            hyper = (
+                read_json(Path(shipped) / "hyperparameters.json")
+                if (Path(shipped) / "hyperparameters.json").is_file()
+                else {}
+            )
+            previous = {
+                "scenario_identity": scenario.identity(),
+                "dataset_sha256": record.get("dataset_sha256"),
+                "studies": {
+                    a: h["tuned"]["study"]
+                    for a, h in (hyper if isinstance(hyper, dict) else {}).items()
+                    if isinstance(h, dict) and isinstance(h.get("tuned"), dict) and h["tuned"].get("study")
+                },
+                "cells": shipped_cells(shipped),
+            }
     if (previous or {}).get("scenario_identity") != scenario.identity():  # the scenario changed: start afresh
         previous = {}
     touched = {c.algo for c in cells}

@@ -154,3 +154,31 @@ def test_non_lora_means_every_registered_algorithm_but_the_lora_only_ones() -> N
     assert not {"fedsdg", "flexlora", "fedbn"} & set(names)
     assert set(names) == set(ALGORITHMS.names()) - {"fedsdg", "flexlora", "fedbn"}  # new ones join by themselves
     assert scenario_algorithms(scenario, ("fedsdg",)) == ["fedsdg"]  # --algo picks any registered one
+
+
+def test_a_new_work_folder_resumes_from_the_shipped_artifacts(
+    reference: tuple[Path, Path, str, str], tmp_path: Path
+) -> None:
+    """The work folder is not kept between sessions or machines (it holds checkpoints): a
+    regeneration with a fresh one reads the committed artifacts' finished cells back instead of
+    running them again, and an invocation for one algorithm keeps the others' shipped rows."""
+    import shutil
+
+    root, _, _, _ = reference
+    shutil.copytree(root, tmp_path / "ref")
+    before = pd.read_csv(tmp_path / "ref" / "tiny" / "summary.csv")
+    code, output = invoke("reference", tmp_path / "ref", "--work", tmp_path / "work1", "--algo", "local")
+    assert code == 0, output
+    assert "[tiny 1/1] local: all 6 cells shipped" in output and "local: tuning" not in output, output
+    after = pd.read_csv(tmp_path / "ref" / "tiny" / "summary.csv")
+    assert len(after) == 12 and (after["status"] == "done").all()  # fedavg's rows kept, not dropped
+    pd.testing.assert_frame_equal(
+        before.sort_values(["algo", "setting", "seed"]).reset_index(drop=True),
+        after.sort_values(["algo", "setting", "seed"]).reset_index(drop=True),
+    )
+    code, output = invoke("reference", tmp_path / "ref", "--work", tmp_path / "work2")
+    assert code == 0, output
+    assert "fedavg: all 6 cells shipped" in output and "local: all 6 cells shipped" in output, output
+    assert not (tmp_path / "work2" / "tiny" / "runs").exists() or not any(
+        (tmp_path / "work2" / "tiny" / "runs").iterdir()
+    )
