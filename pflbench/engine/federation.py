@@ -61,12 +61,22 @@ class Diverged(Exception):
 
 
 def _all_finite(tensors: dict[str, torch.Tensor]) -> bool:
-    """One host read per device (a plugin's upload may mix a CPU scalar into GPU tensors)."""
+    """One host read per device (a plugin's upload may mix a CPU scalar into GPU tensors).
+
+    A finite sum of a tensor's entries proves them all finite (a NaN or ±inf entry makes the sum
+    NaN or ±inf), and a sum costs ~20× less than ``isfinite().all()`` on a CPU (which writes a
+    bool per entry: 3.5 vs 0.16 ms per FedAvgCNN upload, checked for every client); only a
+    non-finite sum (a non-finite entry, or large finite entries overflowing) is checked entry by
+    entry."""
     by_device: dict[torch.device, list[torch.Tensor]] = {}
     for t in tensors.values():
         if t.is_floating_point():
-            by_device.setdefault(t.device, []).append(t.isfinite().all())
-    return all(bool(torch.stack(flags).all()) for flags in by_device.values())
+            by_device.setdefault(t.device, []).append(t)
+    for group in by_device.values():
+        if not bool(torch.stack([t.sum().isfinite() for t in group]).all()):
+            if not bool(torch.stack([t.isfinite().all() for t in group]).all()):
+                return False
+    return True
 
 
 def _first_non_finite(tensors: dict[str, torch.Tensor]) -> str:
