@@ -138,7 +138,7 @@ class FedDyn(Algorithm[FedDynHyperparameters]):
     checkpoint_attributes = ("h",)  # server state across rounds (checkpoints)
     personal_model_is_received = True  # ∇L_k is not a model: every client evaluates θ^t
     # The linear term blows up at the small models' lr 0.1 on digits (chance again before round
-    # 50); 0.05 learns within the default 50 rounds (README, "Defaults that learn").
+    # 50); 0.05 learns within the default 50 rounds (docs/guides/configuration.md, "Defaults that learn").
     defaults_by_family = {"small": {"lr": 0.05}}
 
     @classmethod

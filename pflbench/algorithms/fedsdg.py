@@ -330,7 +330,7 @@ class FedSDG(Algorithm[FedSDGHyperparameters]):
     """Shared + gated private LoRA per block; alignment-weighted aggregation of the shared part."""
 
     display_name = "FedSDG"
-    paper = "pflbench's FedSDG (README, FedSDG section)"
+    paper = "pflbench's FedSDG (docs/guides/lora.md, FedSDG section)"
     method_family = "low_rank"
     hyperparameters = FedSDGHyperparameters
     program_class = FedSDGProgram

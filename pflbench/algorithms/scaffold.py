@@ -164,7 +164,7 @@ class Scaffold(Algorithm[ScaffoldHyperparameters]):
     checkpoint_attributes = ("control",)  # server state across rounds (checkpoints)
     personal_model_is_received = True  # c_i is not a model: every client evaluates x
     # The control variates blow up at the small models' lr 0.1 on digits (chance again before
-    # round 50, also at lr 0.05); 0.02 learns within the default 50 rounds (README, "Defaults that learn").
+    # round 50, also at lr 0.05); 0.02 learns within the default 50 rounds (docs/guides/configuration.md, "Defaults that learn").
     defaults_by_family = {"small": {"lr": 0.02}}
 
     @classmethod

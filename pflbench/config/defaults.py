@@ -26,8 +26,9 @@ AUTO_FIELDS = tuple(BASE_DEFAULTS)
 # epoch) on the small built-in data. On digits (1,797 samples over 20 clients: about 2
 # minibatches per client and round) lr 0.01 barely moves (FedAvg: chance after 5 rounds); the
 # learning rates below were measured (digits, CNN, α 0.5, 20 clients, 50 rounds, seed 0) to
-# learn within the default 50 rounds for every built-in algorithm: the table is in the README,
-# "Defaults that learn". The same lr 0.1 is what the README's reference runs used. timm models
+# learn within the default 50 rounds for every built-in algorithm: the table is in the docs,
+# docs/guides/configuration.md, "Defaults that learn". The same lr 0.1 is what the docs' digits
+# reference runs used. timm models
 # (pretrained or not, other scales) keep the base lr 0.01; LoRA runs keep config.lora.RUN_DEFAULTS.
 MODEL_FAMILIES: dict[str, str] = {"mlp": "small", "cnn": "small", "lenet": "small", "cnn_bn": "small"}
 DEFAULTS_BY_FAMILY: dict[str, dict[str, Any]] = {

@@ -257,8 +257,24 @@ def pivot(
         families=row_families(table.index, {label: str(algos[run]) for run, label in labels.items()})
         if families
         else {},
+        curves=row_curves(frame, metric, labels),
     )
     return order_rows(table, order, renames)
+
+
+def row_curves(frame: pd.DataFrame, metric: str, labels: Mapping[str, str]) -> dict[str, dict[str, list[list[float]]]]:
+    """Table row → "dataset partition" → [[round, mean over the row's runs], ...] of ``metric``
+    per evaluated round (without ``_last10``; {} for a metric that is not recorded per round), in
+    stored units: the HTML leaderboard draws a row's curve when it is clicked."""
+    name = metric.removesuffix("_last10")
+    rounds = frame[frame["round"].notna() & (frame["metric"] == name)]
+    rounds = rounds.assign(row=rounds["run"].map(labels)).dropna(subset=["row", "value"])
+    curves: dict[str, dict[str, list[list[float]]]] = {}
+    means = rounds.groupby(["row", "dataset", "partition", "round"])["value"].mean()
+    for (row, dataset, partition, round_index), value in means.items():
+        if math.isfinite(value):
+            curves.setdefault(row, {}).setdefault(f"{dataset} {partition}", []).append([float(round_index), value])
+    return curves
 
 
 def row_families(rows: Iterable[str], row_algos: Mapping[str, str]) -> dict[str, str]:

@@ -1,9 +1,10 @@
-"""The README's paper workflow (tune → sweep → leaderboard) against the program (issue 34, item
-13: the README showed a note the program no longer printed). Its three commands are read from
-the README and run on small settings (2 trials, 3 rounds); the leaderboard's header line and
-rows must be the README's, and each note the README shows must be one the program prints (and
-the reverse), compared by what each note is about (its text before the first colon). Notes
-that depend on the numbers (ties, significance, seeds that never reach the target) may differ."""
+"""The docs' paper workflow (tune → sweep → leaderboard; docs/guides/tuning.md, moved there from
+the README by issue 38) against the program (issue 34, item 13: the README showed a note the
+program no longer printed). Its three commands are read from the page and run on small settings
+(2 trials, 3 rounds); the leaderboard's header line and rows must be the page's, and each note
+the page shows must be one the program prints (and the reverse), compared by what each note is
+about (its text before the first colon). Notes that depend on the numbers (ties, significance,
+seeds that never reach the target) may differ."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pflbench.cli import cli
 
 pytest.importorskip("optuna", reason="pflbench tune needs Optuna (pip install -e '.[tune]')")
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "guides" / "tuning.md"
 SMALL = {"--trials": "2", "--rounds": "3"}
 # notes present or not depending on the numbers of the runs
 DEPENDS_ON_NUMBERS = ("Italic", "Underlined", "No significance marks", "— (k/n)", "†", "Not ranked")
@@ -25,7 +26,7 @@ DEPENDS_ON_NUMBERS = ("Italic", "Underlined", "No significance marks", "— (k/n
 
 def _section() -> str:
     text = README.read_text(encoding="utf-8")
-    return text.split("### A paper workflow")[1].split("\n## ")[0]
+    return text.split("## A paper workflow")[1].split("\n## ")[0]
 
 
 def _blocks() -> list[tuple[str, str]]:

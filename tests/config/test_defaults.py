@@ -1,8 +1,8 @@
 """Defaults that learn: unset settings take the defaults of the model's family.
 
 Measured with the defaults (digits, Dirichlet α = 0.5, 20 clients all sampled, 50 rounds, 1 local
-epoch, batch 32, plain SGD, seed 0, one CPU thread); the full table is in the README ("Defaults
-that learn"). lr 0.01 (the old default) left FedAvg at chance after 5 rounds; with the
+epoch, batch 32, plain SGD, seed 0, one CPU thread); the full table is in the docs (docs/guides/
+configuration.md, "Defaults that learn"). lr 0.01 (the old default) left FedAvg at chance after 5 rounds; with the
 family's lr 0.1 every built-in algorithm ends well above chance (0.1). Here: resolution picks
 the family's values (and only for unset settings), and one short run learns.
 """

@@ -164,7 +164,7 @@ def test_save_to_disk_copy(tmp_path: Path) -> None:
 
 
 def test_save_to_disk_of_a_hub_clone(tmp_path: Path) -> None:
-    """What the README says: ``datasets.load_dataset(<clone or hub id>, 'cropped_digits').save_to_disk``."""
+    """What the docs say (docs/scenarios/datasets.md): ``datasets.load_dataset(<clone or hub id>, 'cropped_digits').save_to_disk``."""
     splits = write_svhn_repo(tmp_path / "svhn")
     datasets.load_dataset(str(tmp_path / "svhn"), "cropped_digits").save_to_disk(str(tmp_path / "saved"))
     check(load_dataset("svhn", {"data_dir": str(tmp_path / "saved")}), splits, ["train", "test"])

@@ -2,7 +2,7 @@
 both nodes, the driver's ``--out`` gets what a local sweep writes, the record names each run's node.
 
 Two raylets on this one machine (``ray.cluster_utils.Cluster``, 1 CPU each) stand in for the
-README's two-machine launch (``ray start --head`` + ``ray start --address=...``): the driver
+docs' two-machine launch (docs/guides/ray.md) (``ray start --head`` + ``ray start --address=...``): the driver
 joins by address exactly as it would join a real cluster. Its own module: the other Ray tests
 share one plain local instance.
 """
