@@ -123,6 +123,8 @@ def aggregate_by_graph(
 def cosine_term(params: Tensors, direction: Tensors) -> torch.Tensor:
     """−⟨w, c⟩/‖w‖ over the tensors of ``direction`` (per-tensor operations: vmap-able)."""
     names = [n for n in direction if n in params]
+    if not names:  # no direction yet (or none of these tensors): no term
+        return next(iter(params.values())).new_zeros(())
     dot = sum((params[n] * direction[n]).sum() for n in names)
     norm = torch.sqrt(sum(params[n].pow(2).sum() for n in names))  # type: ignore[arg-type]
     return -dot / norm

@@ -20,10 +20,12 @@ BUILT_IN = sorted(n for n in ALGORITHMS.names() if ALGORITHMS.get(n).__module__.
 AS_IT_IS = {"fedavg", "fedprox", "moon", "feddyn", "scaffold", "fedala", "flexlora"}
 AS_IT_IS |= {"fedavgm", "fedadam", "fedyogi", "fedadagrad", "fednova"}  # server optimizers, FedNova
 AS_IT_IS |= {"fedgen", "fedkd"}  # the global model; FedKD: the mentee (a new client has no mentor)
+AS_IT_IS |= {"floco"}  # the solution simplex's centre (no position of its own yet)
 FRESH_PRIVATE_PART = {"fedper", "fedrep", "lgfedavg", "fedbn", "fedrod", "local"}
 FRESH_PRIVATE_PART |= {"fedpac", "feddbe"}  # a fresh classifier / PRBM on the trained model
 FRESH_PRIVATE_PART |= {"fedas"}  # a fresh head on the global body
 FRESH_PRIVATE_PART |= {"fedcp"}  # a fresh personalized head (and its vector) on the global route
+FRESH_PRIVATE_PART |= {"flute"}  # a fresh head on the global representation
 GLOBAL_FINE_TUNED = {"apfl", "fedcac"}  # no local state yet: the global model trained for --local-epochs
 OWN_PROGRAM = {
     "fedproto": "FedProtoNewClientProgram",
@@ -41,6 +43,8 @@ OWN_PROGRAM = {
     "pfedgraph": "PFedGraphNewClientProgram",  # its objective once from the share-weighted models
     "fedem": "FedEMNewClientProgram",  # π by EM with the components frozen
     "knnper": "DatastoreProgram",  # its own datastore under the global model
+    "pefll": "PeFLLInferenceProgram",  # its model generated from its data's embedding (no training)
+    "pfedfda": "PFedFDAAdaptProgram",  # its class statistics mixed with the global ones (no training)
 }
 
 

@@ -216,7 +216,7 @@ def test_evaluation_batch_on_a_gpu_is_the_large_one(monkeypatch: pytest.MonkeyPa
     data = FederatedData(dataset, [np.arange(40)], [np.arange(40, 50)], torch.device("cpu"))
     model = nn.Linear(4, 2)
     hits = executor_module.SequentialExecutor(model, data)._count_correct(data.test_indices[0])
-    assert seen == [("cpu", 1024)] and len(hits) == 10
+    assert seen == [("cpu", 256)] and len(hits) == 10
 
 
 # ----------------------------------------------------------------------------- host syncs
