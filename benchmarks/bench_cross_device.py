@@ -272,7 +272,9 @@ def pfllib_path(pfllib: Path, site: Path | None, scratch: Path) -> tuple[list[Pa
             (scratch / "standins" / name).parent.mkdir(parents=True, exist_ok=True)
             (scratch / "standins" / name).write_text(source)
         used.append(module)
-    return path + ([scratch / "standins"] if used else []), used
+    # stand-ins first: a module of the site folder that fails to import (built for another Python,
+    # as on a lent GPU machine) must not shadow its stand-in
+    return ([scratch / "standins"] if used else []) + path, used
 
 
 def run_pfllib(args: argparse.Namespace, folder: Path, clients: int, algo: str, tag: str, env: dict) -> dict:
