@@ -17,6 +17,10 @@ from click.testing import CliRunner
 from pflbench.cli import cli
 from pflbench.testing import assert_refused
 
+pytest.importorskip(
+    "optuna", reason="pflbench reference tunes every algorithm: it needs Optuna (pip install -e '.[tune]')"
+)
+
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "algorithms" / "example_loss_term.py"  # registers example_prox (FedProx's twin)
 SCENARIO = """
