@@ -6,10 +6,12 @@ model, and see what travelled (``TrafficObserver``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +215,26 @@ def killed_and_resumed(
 
 
 ROUND_TIMINGS = ("round_time_s", "eval_time_s", "peak_mem_mb")
+
+
+@contextlib.contextmanager
+def local_ray(num_cpus: int = 2) -> Iterator[None]:
+    """A local Ray instance for a test's ``--executor ray`` runs: started here unless one is
+    running (then left running), the executor's actor pool released at the end. Needs the ``ray``
+    extra: ``pytest.importorskip("ray")`` first."""
+    import ray
+
+    from pflbench.engine import ray_executor
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING)
+    try:
+        yield
+    finally:
+        ray_executor.release_pool()
+        if started:
+            ray.shutdown()
 
 
 def round_numbers(summary: dict[str, Any]) -> list[dict[str, Any]]:

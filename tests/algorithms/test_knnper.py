@@ -21,7 +21,7 @@ from pflbench.engine import personalize
 from pflbench.engine.types import load_into
 from pflbench.runs.api import run_experiment
 from pflbench.runs.prepare import prepare
-from pflbench.testing import Harness, assert_refused, killed_and_resumed, round_numbers, tiny_run
+from pflbench.testing import Harness, assert_refused, killed_and_resumed, local_ray, round_numbers, tiny_run
 
 
 # ---- the math against hand computations -------------------------------------------------------
@@ -133,21 +133,12 @@ def test_killed_and_resumed_run_is_identical(tmp_path: Path) -> None:
 
 
 def test_ray_gives_the_sequential_numbers(tmp_path: Path) -> None:
-    ray = pytest.importorskip("ray")
-    from pflbench.engine import ray_executor
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
-    try:
+    pytest.importorskip("ray")
+    with local_ray():
         sequential = run_experiment(RunConfig(algo="knnper", out=str(tmp_path / "seq"), **SGD))
         on_ray = run_experiment(
             RunConfig(algo="knnper", out=str(tmp_path / "ray"), executor="ray", ray_workers=2, **SGD)
         )
-    finally:
-        ray_executor.release_pool()
-        if started:
-            ray.shutdown()
     assert round_numbers(on_ray) == round_numbers(sequential)
 
 

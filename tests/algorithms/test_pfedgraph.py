@@ -28,7 +28,7 @@ from pflbench.cli import cli
 from pflbench.config.run_config import RunConfig
 from pflbench.runs.api import run_experiment
 from pflbench.runs.prepare import prepare
-from pflbench.testing import Harness, assert_refused, killed_and_resumed, round_numbers, tiny_run
+from pflbench.testing import Harness, assert_refused, killed_and_resumed, local_ray, round_numbers, tiny_run
 
 
 # ---- the math against hand computations -------------------------------------------------------
@@ -171,19 +171,10 @@ def test_vmap_gives_the_sequential_numbers(tmp_path: Path) -> None:
 
 
 def test_ray_gives_the_sequential_numbers(tmp_path: Path) -> None:
-    ray = pytest.importorskip("ray")
-    from pflbench.engine import ray_executor
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
-    try:
+    pytest.importorskip("ray")
+    with local_ray():
         sequential = run_experiment(sgd_run(tmp_path / "seq", rounds=2))
         on_ray = run_experiment(sgd_run(tmp_path / "ray", rounds=2, executor="ray", ray_workers=2))
-    finally:
-        ray_executor.release_pool()
-        if started:
-            ray.shutdown()
     assert round_numbers(on_ray) == round_numbers(sequential)
 
 
