@@ -25,3 +25,8 @@ run fedavg_wd --algo fedavg $base --momentum 0.5 --weight-decay 0.01
 for algo in apfl ditto fedala fedbabu fedbn feddyn fedrod lgfedavg moon perfedavg pfedme scaffold; do
   run "$algo" --algo "$algo" $base --model cnn_bn
 done
+# every other built-in algorithm (so a refactoring is checked on all of them), the same small setting
+for algo in fedadagrad fedadam fedamp fedas fedavgm fedcac fedcp feddbe fedem fedfomo fedgen fedkd fedmtl \
+  fednova fedpac fedproto fedyogi floco flute gpfl ifca knnper pefll pfedfda pfedgraph pfedhn pflmoe; do
+  run "$algo" --algo "$algo" $base --model cnn_bn
+done
