@@ -30,7 +30,16 @@ from dataclasses import dataclass
 
 import torch
 
-from pflbench import Algorithm, ClientProgram, ConfigError, Tensors, option, register_algorithm
+from pflbench import (
+    Algorithm,
+    Capabilities,
+    ClientProgram,
+    ConfigError,
+    ProgramCapabilities,
+    Tensors,
+    option,
+    register_algorithm,
+)
 
 
 def proximal_term(params: Tensors, anchor: Tensors, mu: float) -> torch.Tensor:
@@ -52,6 +61,9 @@ class ExampleProxHyperparameters:
 class ExampleProxProgram(ClientProgram[ExampleProxHyperparameters]):
     """Client side: the default loss (``task``: cross-entropy) plus the proximal term."""
 
+    # declared, not inherited: only loss_terms is new, so the batch loop and the default upload
+    capabilities = ProgramCapabilities.of_defaults()
+
     def loss_terms(self, forward, params, inputs, targets, received):
         terms = super().loss_terms(forward, params, inputs, targets, received)  # {"task": CE}
         terms["proximal"] = proximal_term(params, received, self.hparams.prox_mu)  # received = w^t
@@ -66,3 +78,4 @@ class ExampleProx(Algorithm[ExampleProxHyperparameters]):
     paper = "Li et al., MLSys 2020 (FedProx)"
     hyperparameters = ExampleProxHyperparameters
     program_class = ExampleProxProgram
+    capabilities = Capabilities.of_defaults()  # FedAvg's server hooks: --dp, --attack, --robust-agg, streaming

@@ -31,7 +31,15 @@ from dataclasses import dataclass
 
 import torch
 
-from pflbench import Algorithm, ConfigError, option, register_algorithm, sample_weights, weighted_average
+from pflbench import (
+    Algorithm,
+    Capabilities,
+    ConfigError,
+    option,
+    register_algorithm,
+    sample_weights,
+    weighted_average,
+)
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,9 @@ class ExampleServerMomentum(Algorithm[ServerMomentumHyperparameters]):
     paper = "Hsu et al., arXiv:1909.06335 (FedAvgM)"
     hyperparameters = ServerMomentumHyperparameters
     checkpoint_attributes = ("velocity",)  # server state across rounds: saved with every checkpoint
+    # its own aggregate (not the FedAvg average: no --dp, --robust-agg or streaming); the default
+    # broadcast and personal model; round_diagnostics reads the velocity, not the uploads
+    capabilities = Capabilities(same_broadcast=True, diagnostics_without_uploads=True, received_personal_model=True)
 
     def __init__(self, config, hparams, model, num_train) -> None:
         super().__init__(config, hparams, model, num_train)

@@ -38,8 +38,10 @@ import torch.nn.functional as F
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     ClientProgram,
     LocalResult,
+    ProgramCapabilities,
     Tensors,
     mean_terms,
     option,
@@ -56,6 +58,8 @@ class TwoModelsHyperparameters:
 
 
 class TwoModelsProgram(ClientProgram[TwoModelsHyperparameters]):
+    capabilities = ProgramCapabilities(model_upload=True)  # its own local_update (not vmap's batch loop)
+
     def local_update(self, trainer):
         job, spec = trainer.job, self.optimizer()
         # 1. w: FedAvg's local training of the received global model; its upload is taken now
@@ -94,6 +98,8 @@ class ExampleTwoModels(Algorithm[TwoModelsHyperparameters]):
     paper = "Li et al., ICML 2021 (Ditto)"
     hyperparameters = TwoModelsHyperparameters
     program_class = TwoModelsProgram
+    # FedAvg's broadcast and aggregate; its own personal_model (v_k)
+    capabilities = Capabilities(same_broadcast=True, fedavg_aggregate=True, diagnostics_without_uploads=True)
 
     def extra_private_state(self) -> Tensors:
         """v⁰ = w⁰ for every client: the shared tensors of the initial model (float buffers too)."""

@@ -28,6 +28,8 @@ from pflbench.registry import (  # noqa: E402
 
 _LAZY = {
     "Algorithm": "engine",
+    "Capabilities": "engine",
+    "ProgramCapabilities": "engine",
     "ClientProgram": "engine",
     "LocalPhase": "engine",
     "ClientJob": "engine",
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
     from pflbench.data.dataset import TensorDataset
     from pflbench.engine import (
         Algorithm,
+        Capabilities,
         ClientJob,
         ClientProgram,
         ClientUpdate,
@@ -67,6 +70,7 @@ if TYPE_CHECKING:
         OptimizerSpec,
         ParamGroup,
         ParamLayout,
+        ProgramCapabilities,
         Tensors,
         mean_terms,
         sample_weights,
@@ -85,6 +89,8 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "Algorithm",
+    "Capabilities",
+    "ProgramCapabilities",
     "ClientJob",
     "ClientProgram",
     "ClientUpdate",

@@ -36,7 +36,17 @@ from dataclasses import dataclass
 
 import torch
 
-from pflbench import Algorithm, ClientProgram, ConfigError, RunConfig, Tensors, option, register_algorithm
+from pflbench import (
+    Algorithm,
+    Capabilities,
+    ClientProgram,
+    ConfigError,
+    ProgramCapabilities,
+    RunConfig,
+    Tensors,
+    option,
+    register_algorithm,
+)
 from pflbench.engine import FineTuneProgram, LocalResult, LocalTrainer, apply_gradients
 
 LOCAL = "apfl.v."
@@ -73,6 +83,8 @@ class APFLHyperparameters:
 
 
 class APFLProgram(ClientProgram[APFLHyperparameters]):
+    capabilities = ProgramCapabilities(model_upload=True)
+
     def local_update(self, trainer: LocalTrainer) -> LocalResult:
         job = trainer.job
         names = [n for n in self.layout.trainable if n in set(self.layout.shared)]
@@ -113,6 +125,8 @@ class APFLProgram(ClientProgram[APFLHyperparameters]):
 @register_algorithm("apfl")
 class APFL(Algorithm[APFLHyperparameters]):
     """Per-client mixture α·v + (1 − α)·w of a local and the global model, α learned."""
+
+    capabilities = Capabilities(same_broadcast=True, fedavg_aggregate=True, diagnostics_without_uploads=True)
 
     display_name = "APFL"
     paper = "Deng et al., arXiv:2003.13461, 2020"

@@ -32,7 +32,17 @@ from dataclasses import dataclass
 
 import torch
 
-from pflbench import Algorithm, ClientProgram, ConfigError, LocalPhase, Tensors, option, register_algorithm
+from pflbench import (
+    Algorithm,
+    Capabilities,
+    ClientProgram,
+    ConfigError,
+    LocalPhase,
+    ProgramCapabilities,
+    Tensors,
+    option,
+    register_algorithm,
+)
 from pflbench.algorithms.fedprox import proximal_term
 from pflbench.engine import LocalResult, LocalTrainer, apply_gradients, mean_terms, standard_local_update
 
@@ -63,6 +73,8 @@ class DittoHyperparameters:
 
 
 class DittoProgram(ClientProgram[DittoHyperparameters]):
+    capabilities = ProgramCapabilities(model_upload=True)
+
     def local_update(self, trainer: LocalTrainer) -> LocalResult:
         """FedAvg's local epochs on w (uploaded), then the personal epochs on v (kept)."""
         job = trainer.job
@@ -117,6 +129,8 @@ class DittoNewClientProgram(ClientProgram[DittoHyperparameters]):
 @register_algorithm("ditto")
 class Ditto(Algorithm[DittoHyperparameters]):
     """FedAvg global model + a personal model per client pulled toward it by (λ/2)·‖v − w‖²."""
+
+    capabilities = Capabilities(same_broadcast=True, fedavg_aggregate=True, diagnostics_without_uploads=True)
 
     display_name = "Ditto"
     paper = "Li et al., ICML 2021"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pflbench import ConfigError, option, register_algorithm
+from pflbench import Capabilities, ConfigError, option, register_algorithm
 from pflbench.algorithms.fedadam import (
     AdaptiveServerOptimizer,
     adagrad_second_moment,
@@ -47,6 +47,8 @@ class FedAdagradHyperparameters:
 @register_algorithm("fedadagrad")
 class FedAdagrad(AdaptiveServerOptimizer):
     """FedAvg's clients; the server takes an Adagrad step on the averaged update."""
+
+    capabilities = Capabilities(same_broadcast=True, diagnostics_without_uploads=True, received_personal_model=True)
 
     display_name = "FedAdagrad"
     paper = "Reddi et al., ICLR 2021"

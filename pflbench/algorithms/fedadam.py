@@ -62,6 +62,7 @@ from torch import nn
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     Choice,
     ClientUpdate,
     ConfigError,
@@ -237,6 +238,8 @@ class FedAdamHyperparameters:
 @register_algorithm("fedadam")
 class FedAdam(AdaptiveServerOptimizer):
     """FedAvg's clients; the server takes an Adam step (no bias correction) on the averaged update."""
+
+    capabilities = Capabilities(same_broadcast=True, diagnostics_without_uploads=True, received_personal_model=True)
 
     display_name = "FedAdam"
     paper = "Reddi et al., ICLR 2021"

@@ -46,7 +46,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pflbench import Algorithm, ClientProgram, ConfigError, LocalResult, Tensors, option, register_algorithm
+from pflbench import (
+    Algorithm,
+    Capabilities,
+    ClientProgram,
+    ConfigError,
+    LocalResult,
+    ProgramCapabilities,
+    Tensors,
+    option,
+    register_algorithm,
+)
 from pflbench.engine import standard_local_update
 from pflbench.models.zoo import layer_order
 from pflbench.util.seeding import derive_seed
@@ -116,6 +126,8 @@ class FedALAHyperparameters:
 
 
 class FedALAProgram(ClientProgram[FedALAHyperparameters]):
+    capabilities = ProgramCapabilities(model_upload=True)
+
     def model_names(self) -> tuple[str, ...]:
         return self.layout.shared + self.layout.private
 
@@ -181,6 +193,8 @@ class FedALAProgram(ClientProgram[FedALAHyperparameters]):
 @register_algorithm("fedala")
 class FedALA(Algorithm[FedALAHyperparameters]):
     """FedAvg whose clients initialise by adaptive local aggregation (learned W on top layers)."""
+
+    capabilities = Capabilities(same_broadcast=True, fedavg_aggregate=True, diagnostics_without_uploads=True)
 
     display_name = "FedALA"
     paper = "Zhang et al., AAAI 2023"

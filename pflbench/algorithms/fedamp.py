@@ -63,9 +63,11 @@ import torch
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     ClientProgram,
     ClientUpdate,
     ConfigError,
+    ProgramCapabilities,
     RunConfig,
     Tensors,
     option,
@@ -135,6 +137,8 @@ class FedAMPHyperparameters:
 
 
 class FedAMPProgram(ClientProgram[FedAMPHyperparameters]):
+    capabilities = ProgramCapabilities(batch_loop=True)
+
     def assemble(self, received: Tensors, private: Tensors) -> Tensors:
         """The client's own model w_i (u_i is only the anchor of the attention term)."""
         return dict(private)
@@ -166,6 +170,8 @@ class FedAMPNewClientProgram(FedAMPProgram):
 @register_algorithm("fedamp")
 class FedAMP(Algorithm[FedAMPHyperparameters]):
     """Own model per client; the server sends each an attention-weighted cloud model to pull towards."""
+
+    capabilities = Capabilities()
 
     display_name = "FedAMP"
     paper = "Huang et al., AAAI 2021"

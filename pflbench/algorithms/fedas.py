@@ -68,10 +68,12 @@ import torch.nn.functional as F
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     ClientProgram,
     ClientUpdate,
     ConfigError,
     OptimizerSpec,
+    ProgramCapabilities,
     Tensors,
     option,
     register_algorithm,
@@ -125,6 +127,7 @@ class FedASHyperparameters:
 
 
 class FedASProgram(ClientProgram[FedASHyperparameters]):
+    capabilities = ProgramCapabilities(model_upload=True)
     head_module: str = ""  # the first module of the head: its input is the body's feature vector
 
     def features(self, trainer: LocalTrainer) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -211,6 +214,8 @@ class FedASProgram(ClientProgram[FedASHyperparameters]):
 @register_algorithm("fedas")
 class FedAS(Algorithm[FedASHyperparameters]):
     """Body/head; the received body aligned to local prototypes; bodies averaged by Fisher trace."""
+
+    capabilities = Capabilities(same_broadcast=True)
 
     display_name = "FedAS"
     paper = "Yang et al., CVPR 2024"

@@ -13,12 +13,14 @@ New clients (``--new-clients``): served by the global model as it is (with
 
 from __future__ import annotations
 
-from pflbench import Algorithm, register_algorithm
+from pflbench import Algorithm, Capabilities, register_algorithm
 
 
 @register_algorithm("fedavg")
 class FedAvg(Algorithm):
     """Sample-weighted averaging of full models; personalized accuracy = the global model."""
+
+    capabilities = Capabilities.of_defaults()
 
     display_name = "FedAvg"
     paper = "McMahan et al., AISTATS 2017"

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from pflbench import RunConfig, Tensors, option, register_algorithm
+from pflbench import Capabilities, RunConfig, Tensors, option, register_algorithm
 from pflbench.algorithms.fedadam import ServerOptimizerAlgorithm, check_server_settings
 
 
@@ -72,6 +72,8 @@ class FedAvgMHyperparameters:
 @register_algorithm("fedavgm")
 class FedAvgM(ServerOptimizerAlgorithm):
     """FedAvg with server momentum on the averaged update."""
+
+    capabilities = Capabilities(same_broadcast=True, diagnostics_without_uploads=True, received_personal_model=True)
 
     display_name = "FedAvgM"
     paper = "Hsu et al., arXiv:1909.06335"

@@ -28,7 +28,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pflbench import Algorithm, ClientProgram, ConfigError, LocalPhase, Tensors, option, register_algorithm
+from pflbench import (
+    Algorithm,
+    Capabilities,
+    ClientProgram,
+    ConfigError,
+    LocalPhase,
+    ProgramCapabilities,
+    Tensors,
+    option,
+    register_algorithm,
+)
 from pflbench.engine import FineTuneProgram
 from pflbench.models.zoo import head_parameter_names
 
@@ -50,6 +60,8 @@ class FedBABUHyperparameters:
 
 
 class FedBABUProgram(ClientProgram[FedBABUHyperparameters]):
+    capabilities = ProgramCapabilities(batch_loop=True, model_upload=True)
+
     def local_phases(self, client_id: int) -> list[LocalPhase]:
         """Body only: the head is frozen at its initialisation."""
         shared = set(self.layout.shared)
@@ -62,6 +74,8 @@ class FedBABUProgram(ClientProgram[FedBABUHyperparameters]):
 @register_algorithm("fedbabu")
 class FedBABU(Algorithm[FedBABUHyperparameters]):
     """Body trained and averaged with the head frozen at init; each client fine-tunes at test time."""
+
+    capabilities = Capabilities.of_defaults()
 
     display_name = "FedBABU"
     paper = "Oh et al., ICLR 2022"

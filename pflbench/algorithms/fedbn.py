@@ -29,7 +29,7 @@ from typing import Any
 
 from torch import nn
 
-from pflbench import Algorithm, ConfigError, RunConfig, register_algorithm
+from pflbench import Algorithm, Capabilities, ConfigError, RunConfig, register_algorithm
 
 
 def batchnorm_state_names(model: nn.Module) -> set[str]:
@@ -56,6 +56,8 @@ def require_batchnorm(model: nn.Module) -> set[str]:
 @register_algorithm("fedbn")
 class FedBN(Algorithm):
     """FedAvg on everything but the BatchNorm layers, which stay local (incl. running stats)."""
+
+    capabilities = Capabilities.of_defaults()
 
     display_name = "FedBN"
     paper = "Li et al., ICLR 2021"

@@ -76,11 +76,13 @@ import torch
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     Choice,
     ClientProgram,
     ClientUpdate,
     ConfigError,
     Dimension,
+    ProgramCapabilities,
     RunConfig,
     Tensors,
     option,
@@ -165,6 +167,8 @@ class FedCACHyperparameters:
 class FedCACProgram(ClientProgram[FedCACHyperparameters]):
     """The engine's batch loop; the upload adds the critical mask of the trained parameters."""
 
+    capabilities = ProgramCapabilities(batch_loop=True)
+
     def upload(self, state: Tensors, received: Tensors) -> Tensors:
         upload = {n: state[n].detach().clone() for n in self.layout.shared}
         for n in self.layout.shared:
@@ -183,7 +187,8 @@ class FedCAC(Algorithm[FedCACHyperparameters]):
     method_family = "decoupling"
     hyperparameters = FedCACHyperparameters
     program_class = FedCACProgram
-    upload_is_averaged_update = False  # the mask travels, and θ̃_k reads every raw upload
+    # the mask travels, and θ̃_k reads every raw upload
+    capabilities = Capabilities(received_personal_model=True, averaged_upload=False)
     checkpoint_attributes = ("masks", "customized", "rounds_done")
     transient_attributes = ("last_sets",)  # this round's collaboration sets, for rounds.jsonl only
 

@@ -72,10 +72,12 @@ from torch import nn
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     ClientProgram,
     ConfigError,
     LocalPhase,
     LocalResult,
+    ProgramCapabilities,
     RunConfig,
     Tensors,
     option,
@@ -195,6 +197,7 @@ class FedCPHyperparameters:
 
 
 class FedCPProgram(ClientProgram[FedCPHyperparameters]):
+    capabilities = ProgramCapabilities()
     head_module: str = ""  # the final classifier layer (make_program)
     heads: ConditionalPolicyHeads | None = None  # the live module (per job, on a copy)
     reference: Tensors | None = None  # θ_global for the MMD's reference features (per job)
@@ -256,6 +259,8 @@ class FedCPProgram(ClientProgram[FedCPHyperparameters]):
 @register_algorithm("fedcp")
 class FedCP(Algorithm[FedCPHyperparameters]):
     """Shared body, CPN and global head; a per-sample policy splits features to a private head."""
+
+    capabilities = Capabilities.of_defaults()
 
     display_name = "FedCP"
     paper = "Zhang et al., KDD 2023"

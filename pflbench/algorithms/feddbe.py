@@ -56,11 +56,13 @@ from torch import nn
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     ClientProgram,
     ClientUpdate,
     ConfigError,
     LocalPhase,
     LocalResult,
+    ProgramCapabilities,
     RunConfig,
     Tensors,
     option,
@@ -122,6 +124,7 @@ class FedDBEHyperparameters:
 
 
 class FedDBEProgram(ClientProgram[FedDBEHyperparameters]):
+    capabilities = ProgramCapabilities(model_upload=True)
     head_module: str = ""  # the final classifier layer (make_program)
     # per job (set on a copy in local_update)
     initializing: bool = False  # no z̄_g yet: the initialization period (no PRBM, no MR)
@@ -191,6 +194,8 @@ class FedDBEProgram(ClientProgram[FedDBEHyperparameters]):
 @register_algorithm("feddbe")
 class FedDBE(Algorithm[FedDBEHyperparameters]):
     """FedAvg + DBE: a private representation bias per client and MR towards the global mean."""
+
+    capabilities = Capabilities(diagnostics_without_uploads=True, received_personal_model=True)
 
     display_name = "FedDBE"
     paper = "Zhang et al., NeurIPS 2023"

@@ -38,12 +38,14 @@ import torch
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     Choice,
     ClientProgram,
     ClientUpdate,
     ConfigError,
     Dimension,
     LocalResult,
+    ProgramCapabilities,
     RunConfig,
     Tensors,
     option,
@@ -94,6 +96,7 @@ class FedDynHyperparameters:
 
 
 class FedDynProgram(ClientProgram[FedDynHyperparameters]):
+    capabilities = ProgramCapabilities(model_upload=True)
     linear_coefficients: Tensors | None = None  # this job's ∇L_k(θ_k^{t−1}) (set on a per-job copy)
 
     def assemble(self, received: Tensors, private: Tensors) -> Tensors:
@@ -129,6 +132,8 @@ class FedDynProgram(ClientProgram[FedDynHyperparameters]):
 @register_algorithm("feddyn")
 class FedDyn(Algorithm[FedDynHyperparameters]):
     """Dynamic regularisation: per-client linear term + proximal term, server state h."""
+
+    capabilities = Capabilities(same_broadcast=True, diagnostics_without_uploads=True, received_personal_model=True)
 
     display_name = "FedDyn"
     paper = "Acar et al., ICLR 2021"

@@ -58,11 +58,13 @@ from torch import nn
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     Choice,
     ClientProgram,
     ConfigError,
     Dimension,
     LocalResult,
+    ProgramCapabilities,
     RunConfig,
     option,
     register_algorithm,
@@ -144,6 +146,8 @@ class FedEMHyperparameters:
 class FedEMProgram(ClientProgram[FedEMHyperparameters]):
     """One EM step: responsibilities and π from the received components, then each component
     trained on its responsibility-weighted loss."""
+
+    capabilities = ProgramCapabilities(model_upload=True)
 
     def component_names(self, index: int) -> tuple[str, ...]:
         if index == 0:
@@ -235,6 +239,8 @@ class FedEMNewClientProgram(FedEMProgram):
 @register_algorithm("fedem")
 class FedEM(Algorithm[FedEMHyperparameters]):
     """M shared component models; each client learns its mixture weights by EM."""
+
+    capabilities = Capabilities.of_defaults()
 
     display_name = "FedEM"
     paper = "Marfoq et al., NeurIPS 2021"

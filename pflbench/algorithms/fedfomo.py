@@ -61,7 +61,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pflbench import Algorithm, ClientProgram, ClientUpdate, ConfigError, Tensors, option, register_algorithm
+from pflbench import (
+    Algorithm,
+    Capabilities,
+    ClientProgram,
+    ClientUpdate,
+    ConfigError,
+    ProgramCapabilities,
+    Tensors,
+    option,
+    register_algorithm,
+)
 from pflbench.engine import LocalResult, LocalTrainer, standard_local_update
 from pflbench.util.seeding import derive_seed
 
@@ -131,6 +141,7 @@ class FedFomoHyperparameters:
 
 
 class FedFomoProgram(ClientProgram[FedFomoHyperparameters]):
+    capabilities = ProgramCapabilities(model_upload=True)
     seed: int = 0  # the run's seed (set by the server side): the fallback validation sample
 
     def model_names(self) -> tuple[str, ...]:
@@ -207,6 +218,8 @@ class FedFomoNewClientProgram(FedFomoProgram):
 @register_algorithm("fedfomo")
 class FedFomo(Algorithm[FedFomoHyperparameters]):
     """Each client combines downloaded client models weighted by their first-order benefit."""
+
+    capabilities = Capabilities()
 
     display_name = "FedFomo"
     paper = "Zhang et al., ICLR 2021"

@@ -89,10 +89,12 @@ from torch import nn
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     ClientProgram,
     ClientUpdate,
     ConfigError,
     LocalResult,
+    ProgramCapabilities,
     RunConfig,
     Tensors,
     option,
@@ -268,6 +270,7 @@ class FedGenHyperparameters:
 
 
 class FedGenProgram(ClientProgram[FedGenHyperparameters]):
+    capabilities = ProgramCapabilities(model_upload=True)
     head_module: str = ""  # the final classifier layer (make_program); the generator imitates its input
     num_classes: int = 0
     # per job (set on a copy in local_update): the generator, p̂ and the random stream
@@ -333,7 +336,8 @@ class FedGen(Algorithm[FedGenHyperparameters]):
     hyperparameters = FedGenHyperparameters
     program_class = FedGenProgram
     personal_model_is_received = True  # the paper evaluates the global model
-    upload_is_averaged_update = False  # the upload carries label counts; the local update is its own
+    # the upload carries label counts; the local update is its own
+    capabilities = Capabilities(received_personal_model=True, averaged_upload=False)
     checkpoint_attributes = ("generator", "generator_moments", "label_distribution", "generator_trainings")
     transient_attributes = ("last_generator_losses",)
 

@@ -77,11 +77,13 @@ from torch.func import functional_call
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     ClientProgram,
     ClientUpdate,
     ConfigError,
     LocalResult,
     ParamLayout,
+    ProgramCapabilities,
     RunConfig,
     Tensors,
     option,
@@ -188,6 +190,7 @@ class FedKDHyperparameters:
 
 
 class FedKDProgram(ClientProgram[FedKDHyperparameters]):
+    capabilities = ProgramCapabilities(model_upload=True)
     head_module: str = ""  # the final classifier layer; H is its input (make_program)
     rounds: int = 1  # R of the energy schedule (make_program)
 
@@ -272,7 +275,8 @@ class FedKD(Algorithm[FedKDHyperparameters]):
     method_family = "distillation"
     hyperparameters = FedKDHyperparameters
     program_class = FedKDProgram
-    upload_is_averaged_update = False  # the mentor trains beside the mentee; the upload is compressed
+    # the mentor trains beside the mentee; the upload is compressed
+    capabilities = Capabilities(same_broadcast=True, averaged_upload=False)
 
     @classmethod
     def check_config(cls, config: RunConfig, hparams: FedKDHyperparameters) -> None:

@@ -67,11 +67,13 @@ import torch
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     Choice,
     ClientProgram,
     ClientUpdate,
     ConfigError,
     Dimension,
+    ProgramCapabilities,
     RunConfig,
     Tensors,
     option,
@@ -118,6 +120,7 @@ class RegulariserTerms:
 
 
 class FedMTLProgram(ClientProgram["FedMTLHyperparameters"]):
+    capabilities = ProgramCapabilities()
     regulariser: RegulariserTerms | None = None  # this job's terms (set on a per-job copy)
 
     def loss_terms(
@@ -180,7 +183,7 @@ class FedMTL(Algorithm[FedMTLHyperparameters]):
     hyperparameters = FedMTLHyperparameters
     program_class = FedMTLProgram
     has_global_model = False
-    upload_is_averaged_update = False
+    capabilities = Capabilities(diagnostics_without_uploads=True, averaged_upload=False)
     checkpoint_attributes = ("reported",)
 
     @classmethod

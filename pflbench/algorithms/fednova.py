@@ -67,6 +67,7 @@ import torch
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     ClientUpdate,
     ConfigError,
     RunConfig,
@@ -113,6 +114,8 @@ def client_steps(update: ClientUpdate) -> int:
 @register_algorithm("fednova")
 class FedNova(Algorithm):
     """Normalized averaging: each client's change divided by its (momentum-weighted) step count."""
+
+    capabilities = Capabilities(same_broadcast=True, received_personal_model=True)
 
     display_name = "FedNova"
     paper = "Wang et al., NeurIPS 2020"

@@ -66,11 +66,13 @@ from torch import nn
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     ClientProgram,
     ClientUpdate,
     ConfigError,
     LocalPhase,
     LocalResult,
+    ProgramCapabilities,
     RunConfig,
     Tensors,
     option,
@@ -166,6 +168,7 @@ class FedPACHyperparameters:
 
 
 class FedPACProgram(FedProtoProgram):
+    capabilities = ProgramCapabilities(model_upload=True)
     prototype_buffers: tuple[str, ...] = ()  # set by make_program
 
     def assemble(self, received: Tensors, private: Tensors) -> Tensors:
@@ -223,6 +226,8 @@ class FedPACProgram(FedProtoProgram):
 @register_algorithm("fedpac")
 class FedPAC(FedProto):
     """Shared body aligned to global prototypes; private classifiers combined by a QP per client."""
+
+    capabilities = Capabilities(received_personal_model=True)
 
     display_name = "FedPAC"
     paper = "Xu et al., ICLR 2023"

@@ -15,13 +15,15 @@ trained on the client's train split for ``--local-epochs`` epochs (``Algorithm``
 
 from __future__ import annotations
 
-from pflbench import Algorithm, register_algorithm
+from pflbench import Algorithm, Capabilities, register_algorithm
 from pflbench.models.zoo import head_parameter_names
 
 
 @register_algorithm("fedper")
 class FedPer(Algorithm):
     """Shared body averaged FedAvg-style; private head per client; no global model."""
+
+    capabilities = Capabilities.of_defaults()
 
     display_name = "FedPer"
     paper = "Arivazhagan et al., arXiv:1912.00818, 2019"

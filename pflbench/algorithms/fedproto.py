@@ -67,12 +67,14 @@ from torch import nn
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     ClientProgram,
     ClientUpdate,
     ConfigError,
     LocalPhase,
     LocalResult,
     ParamLayout,
+    ProgramCapabilities,
     RunConfig,
     Tensors,
     option,
@@ -205,6 +207,7 @@ class FedProtoHyperparameters:
 
 
 class FedProtoProgram(ClientProgram[Any]):
+    capabilities = ProgramCapabilities(model_upload=True)
     head_module: str = ""  # the final classifier layer (make_program); z is its input
     captured: list[torch.Tensor] | None = None  # per-job copy: z of the current batch
 
@@ -304,6 +307,8 @@ class FedProtoNewClientProgram(FedProtoProgram):
 @register_algorithm("fedproto")
 class FedProto(Algorithm[Any]):
     """Private models; per-class prototypes travel, aggregated by class sample counts."""
+
+    capabilities = Capabilities(same_broadcast=True, diagnostics_without_uploads=True, received_personal_model=True)
 
     display_name = "FedProto"
     paper = "Tan et al., AAAI 2022"

@@ -17,7 +17,18 @@ from dataclasses import dataclass
 
 import torch
 
-from pflbench import Choice, ClientProgram, ConfigError, Dimension, RunConfig, Tensors, option, register_algorithm
+from pflbench import (
+    Capabilities,
+    Choice,
+    ClientProgram,
+    ConfigError,
+    Dimension,
+    ProgramCapabilities,
+    RunConfig,
+    Tensors,
+    option,
+    register_algorithm,
+)
 from pflbench.algorithms.fedavg import FedAvg
 
 
@@ -37,6 +48,8 @@ class FedProxHyperparameters:
 
 
 class FedProxProgram(ClientProgram[FedProxHyperparameters]):
+    capabilities = ProgramCapabilities(batch_loop=True, model_upload=True)
+
     def loss_terms(self, forward, params, inputs, targets, received):
         terms = super().loss_terms(forward, params, inputs, targets, received)
         terms["proximal"] = proximal_term(params, received, self.hparams.mu)
@@ -46,6 +59,8 @@ class FedProxProgram(ClientProgram[FedProxHyperparameters]):
 @register_algorithm("fedprox")
 class FedProx(FedAvg):
     """FedAvg with (μ/2)·‖w_k − w‖² added to every local loss."""
+
+    capabilities = Capabilities.of_defaults()
 
     display_name = "FedProx"
     paper = "Li et al., MLSys 2020"

@@ -19,7 +19,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pflbench import ClientProgram, ConfigError, LocalPhase, option, register_algorithm
+from pflbench import (
+    Capabilities,
+    ClientProgram,
+    ConfigError,
+    LocalPhase,
+    ProgramCapabilities,
+    option,
+    register_algorithm,
+)
 from pflbench.algorithms.fedper import FedPer
 
 
@@ -33,6 +41,8 @@ class FedRepHyperparameters:
 
 
 class FedRepProgram(ClientProgram[FedRepHyperparameters]):
+    capabilities = ProgramCapabilities(batch_loop=True, model_upload=True)
+
     def local_phases(self, client_id: int) -> list[LocalPhase]:
         layout = self.layout
         body = frozenset(n for n in layout.trainable if n in set(layout.shared))
@@ -43,6 +53,8 @@ class FedRepProgram(ClientProgram[FedRepHyperparameters]):
 @register_algorithm("fedrep")
 class FedRep(FedPer):
     """FedPer with alternating local phases: head epochs (body frozen), then body epochs."""
+
+    capabilities = Capabilities.of_defaults()
 
     display_name = "FedRep"
     paper = "Collins et al., ICML 2021"

@@ -39,7 +39,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pflbench import Algorithm, ClientProgram, ConfigError, LocalResult, RunConfig, Tensors, register_algorithm
+from pflbench import (
+    Algorithm,
+    Capabilities,
+    ClientProgram,
+    ConfigError,
+    LocalResult,
+    ProgramCapabilities,
+    RunConfig,
+    Tensors,
+    register_algorithm,
+)
 from pflbench.engine import standard_local_update
 from pflbench.models.zoo import head_module_names
 
@@ -76,6 +86,7 @@ class TwoHeads(nn.Module):
 
 
 class FedRoDProgram(ClientProgram):
+    capabilities = ProgramCapabilities(model_upload=True)
     label_counts: torch.Tensor | None = None  # this job's n_{k,c} (set on a per-job copy)
 
     def loss_terms(self, forward, params, inputs, targets, received):
@@ -100,6 +111,8 @@ class FedRoDProgram(ClientProgram):
 @register_algorithm("fedrod")
 class FedRoD(Algorithm):
     """Shared body + generic head (balanced softmax), private personalized head (CE)."""
+
+    capabilities = Capabilities.of_defaults()
 
     display_name = "FedRoD"
     paper = "Chen & Chao, ICLR 2022"

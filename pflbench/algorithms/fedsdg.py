@@ -70,12 +70,14 @@ from torch import nn
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     ClientProgram,
     ClientUpdate,
     ConfigError,
     LocalPhase,
     OptimizerSpec,
     ParamGroup,
+    ProgramCapabilities,
     RunConfig,
     Tensors,
     option,
@@ -282,6 +284,8 @@ def private_penalty(private: list[torch.Tensor]) -> torch.Tensor:
 
 
 class FedSDGProgram(ClientProgram[FedSDGHyperparameters]):
+    capabilities = ProgramCapabilities(batch_loop=True, model_upload=True)
+
     def __init__(self, layout, hparams, local) -> None:
         super().__init__(layout, hparams, local)
         self.loss_weights = {"gate_penalty": hparams.lambda1, "private_penalty": hparams.lambda2}
@@ -328,6 +332,8 @@ class FedSDGNewClientProgram(FedSDGProgram):
 @register_algorithm("fedsdg")
 class FedSDG(Algorithm[FedSDGHyperparameters]):
     """Shared + gated private LoRA per block; alignment-weighted aggregation of the shared part."""
+
+    capabilities = Capabilities(same_broadcast=True, received_personal_model=True)
 
     display_name = "FedSDG"
     paper = "pflbench's FedSDG (docs/guides/lora.md, FedSDG section)"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pflbench import option, register_algorithm
+from pflbench import Capabilities, option, register_algorithm
 from pflbench.algorithms.fedadam import AdaptiveServerOptimizer, FedAdamHyperparameters, yogi_second_moment
 
 
@@ -45,6 +45,8 @@ class FedYogiHyperparameters:
 @register_algorithm("fedyogi")
 class FedYogi(AdaptiveServerOptimizer):
     """FedAvg's clients; the server takes a Yogi step on the averaged update."""
+
+    capabilities = Capabilities(same_broadcast=True, diagnostics_without_uploads=True, received_personal_model=True)
 
     display_name = "FedYogi"
     paper = "Reddi et al., ICLR 2021"

@@ -32,7 +32,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from pflbench import Algorithm, ClientProgram, ClientUpdate, ConfigError, RunConfig, Tensors, option, register_algorithm
+from pflbench import (
+    Algorithm,
+    Capabilities,
+    ClientProgram,
+    ClientUpdate,
+    ConfigError,
+    ProgramCapabilities,
+    RunConfig,
+    Tensors,
+    option,
+    register_algorithm,
+)
 from pflbench.config.lora import DEFAULT_RANK
 from pflbench.engine import sample_weights, weighted_average
 from pflbench.models.lora import lora_layers
@@ -166,6 +177,7 @@ class FlexLoRAHyperparameters:
 
 
 class FlexLoRAProgram(ClientProgram[FlexLoRAHyperparameters]):
+    capabilities = ProgramCapabilities(batch_loop=True)
     lora_layers: tuple[str, ...] = ()  # set by FlexLoRA.make_program
     max_rank: int = 0
 
@@ -194,6 +206,8 @@ class FlexLoRAProgram(ClientProgram[FlexLoRAHyperparameters]):
 @register_algorithm("flexlora")
 class FlexLoRA(Algorithm[FlexLoRAHyperparameters]):
     """LoRA with per-client ranks; full-size ΔW averaged, SVD-truncated to each client's rank."""
+
+    capabilities = Capabilities(received_personal_model=True)
 
     display_name = "FlexLoRA"
     paper = "Bai et al., NeurIPS 2024"

@@ -77,12 +77,14 @@ from torch import nn
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     Choice,
     ClientProgram,
     ClientUpdate,
     ConfigError,
     Dimension,
     LocalResult,
+    ProgramCapabilities,
     RunConfig,
     option,
     register_algorithm,
@@ -202,6 +204,7 @@ class FlocoHyperparameters:
 
 
 class FlocoProgram(ClientProgram[FlocoHyperparameters]):
+    capabilities = ProgramCapabilities(model_upload=True)
     head_module: str = ""  # the simplex layer (make_program)
     generator: torch.Generator | None = None  # per-job copy: the α stream
     point: dict[str, torch.Tensor] = {}  # per-job copy: the client's β_k and radius
@@ -233,6 +236,8 @@ class FlocoProgram(ClientProgram[FlocoHyperparameters]):
 class Floco(Algorithm[FlocoHyperparameters]):
     """A solution simplex as the final layer; clients projected onto subregions of it after
     round τ − 1 and evaluated at their points."""
+
+    capabilities = Capabilities(same_broadcast=True, diagnostics_without_uploads=True, received_personal_model=True)
 
     display_name = "Floco"
     paper = "Grinwald et al., NeurIPS 2024"

@@ -59,6 +59,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pflbench import (
+    Capabilities,
     Choice,
     ClientProgram,
     ClientUpdate,
@@ -66,6 +67,7 @@ from pflbench import (
     Dimension,
     LocalPhase,
     LocalResult,
+    ProgramCapabilities,
     RunConfig,
     option,
     register_algorithm,
@@ -129,6 +131,7 @@ class FLUTEHyperparameters:
 
 
 class FLUTEProgram(ClientProgram[FLUTEHyperparameters]):
+    capabilities = ProgramCapabilities(model_upload=True)
     head_module: str = ""  # the final linear layer (make_program)
     captured: list[torch.Tensor] | None = None  # per-job copy: φ(x) of the current batch
     indicator: torch.Tensor | None = None  # per-job copy: y_k
@@ -183,6 +186,8 @@ class FLUTEProgram(ClientProgram[FLUTEHyperparameters]):
 class FLUTE(FedPer):
     """FedRep-style shared body and private heads, heads regularised towards a simplex ETF on the
     client's classes, plus a server step on the heads."""
+
+    capabilities = Capabilities(same_broadcast=True, diagnostics_without_uploads=True, received_personal_model=True)
 
     display_name = "FLUTE"
     paper = "Liu et al., ICML 2024"

@@ -64,11 +64,13 @@ from torch import nn
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     ClientProgram,
     ConfigError,
     LocalPhase,
     LocalResult,
     ParamLayout,
+    ProgramCapabilities,
     RunConfig,
     option,
     register_algorithm,
@@ -162,6 +164,7 @@ class GPFLHyperparameters:
 
 
 class GPFLProgram(ClientProgram[GPFLHyperparameters]):
+    capabilities = ProgramCapabilities(model_upload=True)
     head_module: str = ""  # the final classifier layer (make_program)
 
     def __init__(self, layout, hparams, local) -> None:
@@ -226,6 +229,8 @@ class GPFLNewClientProgram(GPFLProgram):
 @register_algorithm("gpfl")
 class GPFL(Algorithm[GPFLHyperparameters]):
     """Shared body, CoV and GCE; a private head on the personalized route of the valve."""
+
+    capabilities = Capabilities.of_defaults()
 
     display_name = "GPFL"
     paper = "Zhang et al., ICCV 2023"

@@ -65,9 +65,11 @@ import torch.nn.functional as F
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     ClientProgram,
     ClientUpdate,
     ConfigError,
+    ProgramCapabilities,
     RunConfig,
     Tensors,
     option,
@@ -144,6 +146,8 @@ class IFCAHyperparameters:
 class IFCAProgram(ClientProgram[IFCAHyperparameters]):
     """Receives the M cluster models; picks the lowest-loss one, trains it, uploads it with ĵ."""
 
+    capabilities = ProgramCapabilities(model_upload=True)
+
     def model_names(self) -> tuple[str, ...]:
         return self.layout.shared + self.layout.private
 
@@ -200,6 +204,8 @@ class IFCASelection(IFCAProgram):
 @register_algorithm("ifca")
 class IFCA(Algorithm[IFCAHyperparameters]):
     """M cluster models; each client trains the one with its lowest loss; per-cluster averaging."""
+
+    capabilities = Capabilities(same_broadcast=True)
 
     display_name = "IFCA"
     paper = "Ghosh et al., NeurIPS 2020"

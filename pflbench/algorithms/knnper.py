@@ -54,12 +54,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from pflbench import (
+    Capabilities,
     Choice,
     ClientProgram,
     ConfigError,
     Dimension,
     LocalResult,
     ParamLayout,
+    ProgramCapabilities,
     Range,
     RunConfig,
     Tensors,
@@ -145,6 +147,8 @@ class KNNPerHyperparameters:
 class KNNPerProgram(ClientProgram[KNNPerHyperparameters]):
     """FedAvg's local training; the (empty) datastore is not kept per client."""
 
+    capabilities = ProgramCapabilities(batch_loop=True, model_upload=True)
+
     def private_state(self, state: Tensors, job_private: Tensors) -> Tensors:
         return {}
 
@@ -203,6 +207,8 @@ class DatastoreProgram(ClientProgram[KNNPerHyperparameters]):
 @register_algorithm("knnper")
 class KNNPer(FedAvg):
     """FedAvg's model interpolated with a kNN over each client's own train representations."""
+
+    capabilities = Capabilities.of_defaults()
 
     display_name = "kNN-Per"
     paper = "Marfoq et al., ICML 2022"

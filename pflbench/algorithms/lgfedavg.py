@@ -54,9 +54,11 @@ from torch import nn
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     ClientProgram,
     ClientUpdate,
     ConfigError,
+    ProgramCapabilities,
     RunConfig,
     Tensors,
     option,
@@ -109,6 +111,8 @@ class WarmStartProgram(ClientProgram[LGFedAvgHyperparameters]):
     over its stored local part, and it uploads everything it received (FedAvg on the whole model).
     Afterwards it receives only the global part, and both hooks act as the defaults do."""
 
+    capabilities = ProgramCapabilities(batch_loop=True)
+
     def assemble(self, received: Tensors, private: Tensors) -> Tensors:
         return {**private, **received}
 
@@ -119,6 +123,8 @@ class WarmStartProgram(ClientProgram[LGFedAvgHyperparameters]):
 @register_algorithm("lgfedavg")
 class LGFedAvg(Algorithm[LGFedAvgHyperparameters]):
     """Private lower layers per client; the top layers are shared and averaged."""
+
+    capabilities = Capabilities(diagnostics_without_uploads=True, received_personal_model=True)
 
     display_name = "LG-FedAvg"
     paper = "Liang et al., arXiv:2001.01523, 2020"

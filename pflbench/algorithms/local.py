@@ -11,12 +11,14 @@ model is the private part).
 
 from __future__ import annotations
 
-from pflbench import Algorithm, register_algorithm
+from pflbench import Algorithm, Capabilities, register_algorithm
 
 
 @register_algorithm("local")
 class Local(Algorithm):
     """Everything is private: nothing is sent, nothing is aggregated, no global model."""
+
+    capabilities = Capabilities.of_defaults()
 
     display_name = "Local"
     paper = "baseline: no communication"

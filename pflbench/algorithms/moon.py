@@ -39,11 +39,13 @@ from torch import nn
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     Choice,
     ClientProgram,
     ConfigError,
     Dimension,
     LocalResult,
+    ProgramCapabilities,
     RunConfig,
     Tensors,
     option,
@@ -80,6 +82,7 @@ class MoonHyperparameters:
 
 
 class MoonProgram(ClientProgram[MoonHyperparameters]):
+    capabilities = ProgramCapabilities(model_upload=True)
     head_module: str = ""  # the classifier layer whose input is the representation (make_program)
     # per-job (set on a copy in local_update): the two reference models and the captured inputs
     reference_models: tuple[Tensors, Tensors] = ({}, {})
@@ -138,6 +141,8 @@ class MoonProgram(ClientProgram[MoonHyperparameters]):
 @register_algorithm("moon")
 class Moon(Algorithm[MoonHyperparameters]):
     """FedAvg with a model-contrastive loss against the global and the previous local model."""
+
+    capabilities = Capabilities.of_defaults()
 
     display_name = "MOON"
     paper = "Li et al., CVPR 2021"

@@ -73,6 +73,7 @@ from torch import nn
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     Choice,
     ClientProgram,
     ClientUpdate,
@@ -80,6 +81,7 @@ from pflbench import (
     Dimension,
     LocalResult,
     ParamLayout,
+    ProgramCapabilities,
     RunConfig,
     Tensors,
     option,
@@ -241,6 +243,7 @@ def split_networks(received: Tensors) -> tuple[Tensors, Tensors]:
 
 
 class PeFLLProgram(ClientProgram[PeFLLHyperparameters]):
+    capabilities = ProgramCapabilities(model_upload=True)
     targets: dict[str, torch.Size] = {}  # the generated (trainable) tensors' shapes (make_program)
 
     def local_update(self, trainer) -> LocalResult:
@@ -294,6 +297,8 @@ class PeFLLInferenceProgram(ClientProgram[PeFLLHyperparameters]):
 class PeFLL(Algorithm[PeFLLHyperparameters]):
     """An embedding network describes each client's data; a hypernetwork turns the description
     into the client's model; both learned from the clients' local updates."""
+
+    capabilities = Capabilities(diagnostics_without_uploads=True, received_personal_model=True)
 
     display_name = "PeFLL"
     paper = "Scott et al., ICLR 2024"

@@ -59,7 +59,17 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from pflbench import Algorithm, ClientProgram, ConfigError, RunConfig, Tensors, option, register_algorithm
+from pflbench import (
+    Algorithm,
+    Capabilities,
+    ClientProgram,
+    ConfigError,
+    ProgramCapabilities,
+    RunConfig,
+    Tensors,
+    option,
+    register_algorithm,
+)
 from pflbench.engine import LocalResult, LocalTrainer, apply_gradients
 
 Gradient = Callable[[Tensors, object], tuple[torch.Tensor, Tensors]]
@@ -177,6 +187,8 @@ def _hessian_vector(trainer: LocalTrainer, hparams: PerFedAvgHyperparameters) ->
 
 
 class PerFedAvgProgram(ClientProgram[PerFedAvgHyperparameters]):
+    capabilities = ProgramCapabilities(model_upload=True)
+
     def local_update(self, trainer: LocalTrainer) -> LocalResult:
         hparams = self.hparams
         names = [n for n in self.layout.trainable if n in set(self.layout.shared)]
@@ -218,6 +230,8 @@ class OneStepAdaptation(ClientProgram[PerFedAvgHyperparameters]):
 @register_algorithm("perfedavg")
 class PerFedAvg(Algorithm[PerFedAvgHyperparameters]):
     """MAML-style local steps (fo / hf); test-time model = one adaptation step from w."""
+
+    capabilities = Capabilities.of_defaults()
 
     display_name = "Per-FedAvg"
     paper = "Fallah et al., NeurIPS 2020"

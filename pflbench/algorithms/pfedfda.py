@@ -81,11 +81,13 @@ from torch import nn
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     ClientProgram,
     ConfigError,
     LocalPhase,
     LocalResult,
     ParamLayout,
+    ProgramCapabilities,
     RunConfig,
     Tensors,
     option,
@@ -248,6 +250,7 @@ class PFedFDAHyperparameters:
 
 
 class PFedFDAProgram(ClientProgram[PFedFDAHyperparameters]):
+    capabilities = ProgramCapabilities(model_upload=True)
     head_module: str = ""  # the final linear layer (make_program)
     seen: list[torch.Tensor] | None = None  # per-job copy: the labels of the batches trained on
 
@@ -366,6 +369,8 @@ class PFedFDAAdaptProgram(PFedFDAProgram):
 class PFedFDA(Algorithm[PFedFDAHyperparameters]):
     """Shared body + Gaussian class statistics; each client's LDA head from the global statistics
     interpolated with its own by a cross-validated β."""
+
+    capabilities = Capabilities.of_defaults()
 
     display_name = "pFedFDA"
     paper = "Mclaughlin et al., NeurIPS 2024"

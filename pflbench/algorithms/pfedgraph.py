@@ -63,11 +63,13 @@ import torch
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     Choice,
     ClientProgram,
     ClientUpdate,
     ConfigError,
     Dimension,
+    ProgramCapabilities,
     RunConfig,
     Tensors,
     option,
@@ -148,6 +150,8 @@ class PFedGraphHyperparameters:
 
 
 class PFedGraphProgram(ClientProgram[PFedGraphHyperparameters]):
+    capabilities = ProgramCapabilities(batch_loop=True, model_upload=True)
+
     def __init__(self, layout, hparams, local) -> None:
         super().__init__(layout, hparams, local)
         self.loss_weights = {"graph": hparams.graph_lambda}
@@ -184,7 +188,7 @@ class PFedGraph(Algorithm[PFedGraphHyperparameters]):
     hyperparameters = PFedGraphHyperparameters
     program_class = PFedGraphProgram
     has_global_model = False
-    upload_is_averaged_update = False  # each client's aggregate reads every raw upload
+    capabilities = Capabilities(averaged_upload=False)  # each client's aggregate reads every raw upload
     checkpoint_attributes = ("personalized", "direction")
     transient_attributes = ("last_rows",)  # this round's graph rows, for rounds.jsonl only
 

@@ -73,9 +73,11 @@ import torch.nn.functional as F
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     ClientProgram,
     ClientUpdate,
     ConfigError,
+    ProgramCapabilities,
     RunConfig,
     Tensors,
     option,
@@ -185,6 +187,8 @@ def sgd_step(
 
 
 class PFedHNProgram(ClientProgram["PFedHNHyperparameters"]):
+    capabilities = ProgramCapabilities(batch_loop=True)
+
     def upload(self, state: Tensors, received: Tensors) -> Tensors:
         """Δθ = θ − θ̃: the generated model minus the trained one (the authors' delta)."""
         return {n: (received[n] - state[n]).detach() for n in self.layout.shared}
@@ -193,6 +197,8 @@ class PFedHNProgram(ClientProgram["PFedHNHyperparameters"]):
 class PFedHNInnerStepsProgram(PFedHNProgram):
     """``--inner-steps K``: exactly K minibatch steps of the run's local optimizer (epoch after
     shuffled epoch), the paper's local schedule, instead of ``--local-epochs`` epochs."""
+
+    capabilities = ProgramCapabilities()
 
     def local_update(self, trainer: LocalTrainer) -> LocalResult:
         spec, steps = self.optimizer(), self.hparams.inner_steps
@@ -291,7 +297,7 @@ class PFedHN(Algorithm[PFedHNHyperparameters]):
     hyperparameters = PFedHNHyperparameters
     program_class = PFedHNProgram
     has_global_model = False
-    upload_is_averaged_update = False
+    capabilities = Capabilities(averaged_upload=False)
     checkpoint_attributes = ("hypernetwork", "momentum_buffers", "reported")
 
     @classmethod

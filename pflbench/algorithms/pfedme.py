@@ -45,9 +45,11 @@ import torch
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     ClientProgram,
     ClientUpdate,
     ConfigError,
+    ProgramCapabilities,
     Tensors,
     option,
     register_algorithm,
@@ -122,6 +124,8 @@ class PFedMeHyperparameters:
 
 
 class PFedMeProgram(ClientProgram[PFedMeHyperparameters]):
+    capabilities = ProgramCapabilities(model_upload=True)
+
     def local_update(self, trainer: LocalTrainer) -> LocalResult:
         job, hparams = trainer.job, self.hparams
         names = [n for n in self.layout.trainable if n in set(self.layout.shared)]
@@ -188,6 +192,8 @@ class PFedMeNewClientProgram(ClientProgram[PFedMeHyperparameters]):
 @register_algorithm("pfedme")
 class PFedMe(Algorithm[PFedMeHyperparameters]):
     """Moreau-envelope personalization: inner θ̂ per batch, w pulled toward it, β-mixing server."""
+
+    capabilities = Capabilities(same_broadcast=True, diagnostics_without_uploads=True)
 
     display_name = "pFedMe"
     paper = "T. Dinh et al., NeurIPS 2020"

@@ -66,7 +66,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pflbench import Algorithm, ClientProgram, ConfigError, RunConfig, Tensors, option, register_algorithm
+from pflbench import (
+    Algorithm,
+    Capabilities,
+    ClientProgram,
+    ConfigError,
+    ProgramCapabilities,
+    RunConfig,
+    Tensors,
+    option,
+    register_algorithm,
+)
 from pflbench.data.dataset import minibatches
 from pflbench.engine import LocalResult, LocalTrainer
 from pflbench.models.zoo import head_module_names
@@ -138,6 +148,7 @@ class PFLMoEHyperparameters:
 
 
 class PFLMoEProgram(ClientProgram[PFLMoEHyperparameters]):
+    capabilities = ProgramCapabilities(model_upload=True)
     run_seed: int = 0  # set by the server side (the run's seed: each client's fixed gate split)
     train_global = True  # False: a new client's adaptation (personal model and gate only)
 
@@ -234,6 +245,8 @@ class PFLMoENewClientProgram(PFLMoEProgram):
 @register_algorithm("pflmoe")
 class PFLMoE(Algorithm[PFLMoEHyperparameters]):
     """FedAvg global model + a personal model per client, mixed per input by a private gate."""
+
+    capabilities = Capabilities(same_broadcast=True, fedavg_aggregate=True, diagnostics_without_uploads=True)
 
     display_name = "PFL-MoE"
     paper = "Guo et al., APWeb-WAIM 2021"

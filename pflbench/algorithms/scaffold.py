@@ -43,10 +43,12 @@ import torch
 
 from pflbench import (
     Algorithm,
+    Capabilities,
     ClientProgram,
     ClientUpdate,
     ConfigError,
     LocalResult,
+    ProgramCapabilities,
     RunConfig,
     Tensors,
     option,
@@ -110,6 +112,8 @@ class ScaffoldHyperparameters:
 
 
 class ScaffoldProgram(ClientProgram[ScaffoldHyperparameters]):
+    capabilities = ProgramCapabilities(model_upload=True)
+
     def assemble(self, received: Tensors, private: Tensors) -> Tensors:
         """The model: x (the control variates are not model state)."""
         return {n: t for n, t in {**received, **private}.items() if not n.startswith(PREFIX)}
@@ -155,6 +159,8 @@ class ScaffoldProgram(ClientProgram[ScaffoldHyperparameters]):
 @register_algorithm("scaffold")
 class Scaffold(Algorithm[ScaffoldHyperparameters]):
     """Control variates c (server) and c_i (clients) correct client drift; plain SGD only."""
+
+    capabilities = Capabilities(received_personal_model=True)
 
     display_name = "SCAFFOLD"
     paper = "Karimireddy et al., ICML 2020"

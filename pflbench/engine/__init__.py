@@ -3,6 +3,8 @@
 - ``types``: what crosses the executor seam (``ClientJob``, ``ClientUpdate``, ``OptimizerSpec``, ...)
 - ``algorithm``: ``Algorithm`` (server-side hooks), ``ClientProgram`` (client-side hooks) and
   ``FineTuneProgram`` (train some parameters for some epochs, upload the whole model)
+- ``capabilities``: what an algorithm's hooks do, declared (``Capabilities``,
+  ``ProgramCapabilities``), and the one reader of the declarations (``refusal``)
 - ``state``: ``ClientStateStore`` (each client's private tensors)
 - ``local``: ``LocalTrainer`` (one client's model and data) and the default batch loop
 - ``executor``: ``Executor`` protocol and ``SequentialExecutor``
@@ -14,6 +16,7 @@
 from __future__ import annotations
 
 from pflbench.engine.algorithm import Algorithm, ClientProgram, FineTuneProgram
+from pflbench.engine.capabilities import Capabilities, ProgramCapabilities
 from pflbench.engine.executor import EXECUTORS, Executor, SequentialExecutor
 from pflbench.engine.federation import Diverged, Federation, mean_loss_terms
 from pflbench.engine.local import (
@@ -51,7 +54,9 @@ __all__ = [
     "mean_terms",
     "standard_local_update",
     "Algorithm",
+    "Capabilities",
     "ClientProgram",
+    "ProgramCapabilities",
     "EXECUTORS",
     "Executor",
     "SequentialExecutor",

@@ -10,6 +10,12 @@ A ``ClientProgram`` is the only code that crosses the executor seam: a picklable
 reference to the server. From what the server sent and the client's private state it assembles
 the model state (``assemble``), names its training phases and loss terms, describes its optimizer
 as data and says what it uploads and keeps.
+
+Both declare what their code does as data (``capabilities``, ``engine.capabilities``): the
+engine reads the declaration, never which hooks a class overrides, to decide --dp, --attack,
+--robust-agg, --executor vmap, --deadline-policy partial, streaming aggregation and shared
+evaluation. Capabilities are not inherited: a class that overrides a hook states its own (see
+``engine.capabilities`` for the rule "if you override X, declare Y").
 """
 
 from __future__ import annotations
@@ -22,6 +28,15 @@ from torch import nn
 
 from pflbench.config import lora
 from pflbench.config.space import Dimension, around
+from pflbench.engine.capabilities import (
+    PROGRAM_UNDECLARED,
+    UNDECLARED,
+    Capabilities,
+    ProgramCapabilities,
+    extra_state_refusal,
+    inherit_no_capabilities,
+    refusal,
+)
 from pflbench.engine.fingerprint import fingerprint
 from pflbench.engine.local import LocalResult, LocalTrainer, standard_local_update
 from pflbench.engine.state import ClientStateStore
@@ -50,7 +65,25 @@ H = TypeVar("H")
 
 
 class ClientProgram(Generic[H]):
-    """Client-side hooks. One instance serves every client; a client's state comes with its job."""
+    """Client-side hooks. One instance serves every client; a client's state comes with its job.
+
+    The hooks by concern (override what your method changes):
+
+    - client training: ``assemble`` (the model state from what was received and kept),
+      ``local_phases`` (which parameters train for how many epochs), ``loss_terms`` (the loss,
+      pure in the parameters), ``optimizer`` (as data), ``local_update`` (the whole update:
+      override only when it is not a loss minimised over batches: declare ``batch_loop=False``);
+    - what travels and stays: ``upload`` (declare ``model_upload=False`` when you override it),
+      ``private_state`` (what the client keeps until its next round);
+    - declared capabilities: ``capabilities`` (``ProgramCapabilities``; not inherited: a
+      subclass that declares nothing is assumed to have its own local update and upload).
+    """
+
+    capabilities: ClassVar[ProgramCapabilities] = ProgramCapabilities.of_defaults()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        inherit_no_capabilities(cls, PROGRAM_UNDECLARED)
 
     # --dp sample: DP-SGD in the batch loop (``engine.privacy.SampleLevelDP``), set on the
     # algorithm's training program by the round loop; None: ordinary steps
@@ -117,6 +150,8 @@ class FineTuneProgram(ClientProgram[NoHyperparameters]):
     It uses only the default ``local_update``, so every executor that runs plain local training
     can run it."""
 
+    capabilities = ProgramCapabilities.of_defaults(model_upload=False)  # it uploads every received tensor
+
     def __init__(
         self, trainable: tuple[str, ...], local: LocalSpec, epochs: int, names: frozenset[str] | None = None
     ) -> None:
@@ -143,7 +178,28 @@ ENGINE_ATTRIBUTES = frozenset(
 
 
 class Algorithm(Generic[H]):
-    """Server-side hooks. Subclass per algorithm, set ``program_class`` and register it."""
+    """Server-side hooks. Subclass per algorithm, set ``program_class`` and register it.
+
+    The override points by concern (CONTRIBUTING's hook table lists each):
+
+    - set-up, before any state (class level): ``hyperparameters``, ``program_class``,
+      ``run_defaults``, ``defaults_by_family``, ``check_config``, ``inert_hyperparameters``,
+      ``search_space``, ``lora_rank``, ``configure_model``, ``uses_head_layers``;
+    - declared capabilities: ``capabilities`` (``Capabilities``; not inherited, see
+      ``engine.capabilities``), ``uploads_nothing``, ``has_global_model``,
+      ``personal_model_is_received``;
+    - client training (what the clients get): ``select_shared``, ``param_groups``,
+      ``extra_private_state``, ``make_program``, ``broadcast``;
+    - server aggregation: ``aggregate``, ``streaming_aggregate``;
+    - evaluation: ``personal_model``, ``global_model``, ``clients_share_one_model``,
+      ``personalization_program``;
+    - new clients (``--new-clients``): ``new_client_model``, ``new_client_program``,
+      ``new_client_epochs``;
+    - checkpointing: ``checkpoint_attributes``, ``transient_attributes``, ``checkpoint_state``,
+      ``restore_state``;
+    - diagnostics and records: ``round_diagnostics``, ``final_report``, ``run_info``;
+    - listing: ``display_name``, ``paper``, ``method_family``.
+    """
 
     hyperparameters: ClassVar[type] = NoHyperparameters
     program_class: ClassVar[type[ClientProgram]] = ClientProgram
@@ -171,16 +227,21 @@ class Algorithm(Generic[H]):
     # (``config.defaults.DEFAULTS_BY_FAMILY``): family → {setting: value}. Applied at the family
     # defaults' rank (below ``run_defaults`` and a sweep's shared defaults), recorded in config.json.
     defaults_by_family: ClassVar[dict[str, dict[str, Any]]] = {}
-    # Whether the upload is a model update averaged by the FedAvg rule, so that --dp client
-    # (clip each update, noise the mean: ``engine.privacy``) keeps the algorithm's meaning and its
-    # ε is true. None: read from the hooks (``engine.privacy.client_level_refusal``: default
-    # broadcast, aggregate, upload and batch loop); False refuses --dp, True vouches for it. The
-    # same predicate admits model poisoning (--attack) and robust rules (--robust-agg, engine.robust).
-    upload_is_averaged_update: ClassVar[bool | None] = None
+    # What the hooks do, declared (``engine.capabilities``): it admits --dp, model poisoning and
+    # robust rules (an upload that is a model update averaged by the FedAvg rule), streaming
+    # aggregation and one evaluation pass for all clients. Not inherited: a subclass whose body
+    # does not assign it gets ``UNDECLARED`` (nothing), so a FedAvg subclass that overrides
+    # aggregate never silently keeps FedAvg's streamed average. Restate the parent's in one line
+    # (``capabilities = FedAvg.capabilities``) when your overrides keep it true.
+    capabilities: ClassVar[Capabilities] = Capabilities.of_defaults()
     # The partition's true group of each client (partition.json ``client_domains``: feature-shift or
     # multi-domain scenarios), set by the run's preparation before the first round; None without
     # groups. Read-only: e.g. IFCA scores its cluster assignment against it.
     client_domains: list[str] | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        inherit_no_capabilities(cls, UNDECLARED)
 
     # ---- set-up (class level, before any state exists) -----------------------------------
     @classmethod
@@ -244,13 +305,10 @@ class Algorithm(Generic[H]):
         self.initial_state = clone_tensors(tensors)  # before extra_private_state, which may read it
         extra = self.extra_private_state()
         self.store = ClientStateStore({**{n: tensors[n].detach().clone() for n in private}, **extra})
-        if extra and not self.personal_model_is_received and type(self).personal_model is Algorithm.personal_model:
-            raise ConfigError(
-                f"{type(self).__name__} keeps per-client state outside the model "
-                f"({', '.join(sorted(extra)[:3])}) but does not override personal_model: its pers_acc "
-                "would silently be the received model's. Override personal_model, or set "
-                "personal_model_is_received = True if that is what its paper evaluates"
-            )
+        if extra and not self.personal_model_is_received:  # its pers_acc must not silently be the received model's
+            why = extra_state_refusal(type(self), sorted(extra))
+            if why is not None:
+                raise ConfigError(why)
         self.program = self.make_program()
 
     def make_program(self) -> ClientProgram:
@@ -284,14 +342,17 @@ class Algorithm(Generic[H]):
         """The round's aggregation as a stream (``add(update)`` per client, then ``finish()``),
         so the round loop need not hold every upload; ``num_samples``: the sampled clients'.
 
-        Default: the FedAvg rule streamed, unless a subclass overrides ``aggregate`` or
-        ``round_diagnostics`` (they receive the whole list of updates); then None."""
-        cls = type(self)
-        if cls.aggregate is not Algorithm.aggregate or cls.round_diagnostics is not Algorithm.round_diagnostics:
+        Default: the FedAvg rule streamed when the class declares it (``capabilities``:
+        ``fedavg_aggregate`` and ``diagnostics_without_uploads``); else None, and ``aggregate``
+        gets the round's list. An algorithm with its own rule may stream it by overriding this."""
+        if refusal("streaming", type(self)) is not None:
             return None
         return StreamingWeightedAverage(self.global_state, sum(num_samples))
 
     def round_diagnostics(self, updates: list[ClientUpdate]) -> dict[str, Any]:
+        """Extra rounds.jsonl entries after the round's aggregation. When the round streamed
+        (``streaming_aggregate``) the updates carry no tensors (``params``/``private`` empty);
+        one that reads them declares ``diagnostics_without_uploads=False``."""
         return {}
 
     def final_report(self) -> tuple[dict[str, Any], dict[str, list[Any]]]:
@@ -307,7 +368,8 @@ class Algorithm(Generic[H]):
         return not self.layout.private and self.personal_model_is_received_default()
 
     def personal_model_is_received_default(self) -> bool:
-        return type(self).personal_model is Algorithm.personal_model
+        """Whether the class declares that ``personal_model`` is the default (received + private)."""
+        return refusal("shared-evaluation", type(self)) is None
 
     def personalization_program(self) -> ClientProgram | None:
         """A client program that turns ``personal_model(k)`` into the model client k is evaluated
@@ -415,4 +477,13 @@ class Algorithm(Generic[H]):
         return {n: t for n, t in state.items() if n in self.initial_state}
 
 
-__all__ = ["Algorithm", "ClientProgram", "FineTuneProgram", "ParamGroup", "OptimizerSpec", "ClientStateStore"]
+__all__ = [
+    "Algorithm",
+    "Capabilities",
+    "ClientProgram",
+    "FineTuneProgram",
+    "ProgramCapabilities",
+    "ParamGroup",
+    "OptimizerSpec",
+    "ClientStateStore",
+]

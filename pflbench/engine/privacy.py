@@ -75,8 +75,9 @@ import torch
 from torch.func import grad, vmap
 
 from pflbench.config.groups import AvailabilitySpec, PrivacySpec
-from pflbench.engine.algorithm import Algorithm, ClientProgram
+from pflbench.engine.algorithm import Algorithm
 from pflbench.engine.availability import over_selected_count
+from pflbench.engine.capabilities import refusal
 from pflbench.engine.types import ClientUpdate, Tensors
 from pflbench.errors import ConfigError
 from pflbench.util.seeding import derive_seed
@@ -208,53 +209,19 @@ def opacus_accountant() -> Any:
 def client_level_refusal(algorithm: type) -> str | None:
     """Why client-level DP cannot serve ``algorithm`` (an ``Algorithm`` class), or None.
 
-    Served: an upload that is a model update averaged by the FedAvg rule. The class says so with
-    ``upload_is_averaged_update`` (True/False); left None it is read from the hooks: the
-    default ``broadcast`` (everyone receives the global state), ``aggregate`` and
-    ``streaming_aggregate`` (the FedAvg average, which DP's noised mean replaces), and a client
-    program whose upload is its model tensors (default ``upload`` and batch loop)."""
-    declared = getattr(algorithm, "upload_is_averaged_update", None)
-    if declared is not None:
-        return None if declared else "its upload is not a model update averaged by the FedAvg rule"
-    program = algorithm.program_class
-    checks = [
-        (
-            algorithm.aggregate is Algorithm.aggregate,
-            "its aggregation is not the FedAvg average (it overrides aggregate)",
-        ),
-        (algorithm.broadcast is Algorithm.broadcast, "clients receive different models (it overrides broadcast)"),
-        (
-            algorithm.streaming_aggregate is Algorithm.streaming_aggregate,
-            "its aggregation is not the FedAvg average (it overrides streaming_aggregate)",
-        ),
-        (
-            program.upload is ClientProgram.upload,
-            "its clients upload more than their model tensors (it overrides upload)",
-        ),
-        (
-            program.local_update is ClientProgram.local_update,
-            "its clients' update is its own code (it overrides local_update), which may upload anything",
-        ),
-        (
-            algorithm.round_diagnostics is Algorithm.round_diagnostics,
-            "its round diagnostics read the raw uploads (it overrides round_diagnostics)",
-        ),
-    ]
-    return next((why for ok, why in checks if not ok), None)
+    Served: an upload that is a model update averaged by the FedAvg rule, as the class declares
+    it (``engine.capabilities``, feature ``averaged-upload``): everyone receives the global state,
+    the FedAvg average (which DP's noised mean replaces), a client program whose upload is its
+    model tensors trained by the batch loop, diagnostics that read no uploads; or a class that
+    vouches for it (``Capabilities(averaged_upload=True)``)."""
+    return refusal("averaged-upload", algorithm)
 
 
 def sample_level_refusal(algorithm: type) -> str | None:
     """Why DP-SGD cannot serve ``algorithm``, or None: its clients must train with the engine's
-    batch loop (where the per-sample clipping happens) and upload only their model tensors."""
-    declared = getattr(algorithm, "upload_is_averaged_update", None)
-    if declared is False:
-        return "its upload is not a model update"
-    program = algorithm.program_class
-    if program.local_update is not ClientProgram.local_update:
-        return "its clients' update is its own code (it overrides local_update), outside the DP-SGD batch loop"
-    if program.upload is not ClientProgram.upload:
-        return "its clients upload more than their model tensors (it overrides upload)"
-    return None
+    batch loop (where the per-sample clipping happens) and upload only their model tensors, as
+    its program class declares (``engine.capabilities``, feature ``dp-sample``)."""
+    return refusal("dp-sample", algorithm)
 
 
 def count_noise(spec: PrivacySpec, sampled_per_round: int) -> float:

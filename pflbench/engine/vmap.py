@@ -27,6 +27,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from pflbench.engine.algorithm import ClientProgram
+from pflbench.engine.capabilities import refusal
 from pflbench.engine.executor import SequentialExecutor
 from pflbench.engine.local import LocalResult, mean_terms
 from pflbench.engine.types import ClientJob, ClientUpdate, EvalJob, OptimizerSpec, Tensors
@@ -41,8 +42,9 @@ MAX_CLIENTS_AT_ONCE = 128  # clients stacked together (memory: this many model c
 def unsupported_reason(algorithm, model: nn.Module) -> str | None:
     """Why ``--executor vmap`` cannot run ``algorithm`` on ``model`` (None: it can)."""
     program, name = algorithm.program, type(algorithm).__name__
-    if type(program).local_update is not ClientProgram.local_update:
-        return f"{name}'s client program overrides local_update (a custom local training loop)"
+    custom_loop = refusal("batch-loop", type(algorithm), type(program))  # declared by the program class
+    if custom_loop is not None:
+        return custom_loop
     for module_name, module in model.named_modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats:
             return f"BatchNorm layer {module_name!r} updates running statistics while training"

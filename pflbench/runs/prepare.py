@@ -21,7 +21,7 @@ from pflbench.config.identity import partition_identity, run_identity, run_name
 from pflbench.config.run_config import RunConfig, hyperparameters_from, resolve, validate
 from pflbench.data.dataset import FederatedData, TensorDataset, load_dataset
 from pflbench.data.partition import fit_num_clients, make_partition
-from pflbench.engine import EXECUTORS, Algorithm, ClientProgram
+from pflbench.engine import EXECUTORS, Algorithm
 from pflbench.engine.attacks import (
     check_attack_algorithm,
     check_attack_clients,
@@ -30,6 +30,7 @@ from pflbench.engine.attacks import (
     choose_attackers,
     poison_data,
 )
+from pflbench.engine.capabilities import refusal
 from pflbench.engine.executor import make_executor
 from pflbench.engine.privacy import check_privacy, check_private_algorithm
 from pflbench.engine.vmap import unsupported_reason
@@ -131,11 +132,11 @@ def plan_run(
 
 def check_partial_work(config: RunConfig, algorithm_class: Any) -> None:
     """``--deadline-policy partial`` caps the engine's batch loop; an algorithm with its own local
-    update (``ClientProgram.local_update`` overridden) would ignore the cap: refused."""
+    update (its program declares no ``batch_loop``, ``engine.capabilities``) would ignore the cap:
+    refused."""
     if config.deadline is None or config.deadline_policy != "partial":
         return
-    program_class = algorithm_class.program_class
-    if program_class.local_update is not ClientProgram.local_update:
+    if refusal("batch-loop", algorithm_class) is not None:  # declared by its program class
         raise ConfigError(
             f"--deadline-policy partial caps the local steps of the engine's batch loop, and --algo "
             f"{config.algo} trains with its own local update; use --deadline-policy drop"

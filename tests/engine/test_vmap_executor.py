@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from pflbench import ClientProgram, ConfigError, OptimizerSpec, register_algorithm
+from pflbench import ClientProgram, ConfigError, OptimizerSpec, ProgramCapabilities, register_algorithm
 from pflbench.algorithms.fedavg import FedAvg
 from pflbench.config.run_config import RunConfig
 from pflbench.engine.vmap import batchable_forms, contiguous_runs
@@ -122,6 +122,8 @@ def test_a_padded_lora_layer_is_its_active_rank_and_leaves_the_padding_at_zero()
 
 
 class CustomLoop(ClientProgram):
+    capabilities = ProgramCapabilities(model_upload=True)  # its own local_update, declared
+
     def local_update(self, trainer):
         return super().local_update(trainer)
 
