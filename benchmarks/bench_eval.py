@@ -3,7 +3,7 @@
     python benchmarks/bench_eval.py [--clients 20,100,1000] [--num-samples 60000]
 
 Every client gets its own head (a distinct copy of the initial private state, as after a round
-in which every client trained), then ``Federation.evaluate`` is timed (median of ``--repeats``).
+in which every client trained), then ``Evaluator.evaluate_clients`` is timed (median of ``--repeats``).
 For FedRep the time of today's per-client evaluation (each client's whole model on its own test
 split) is printed alongside: the ratio is what running the shared body once saves.
 """
@@ -18,7 +18,8 @@ import time
 import numpy as np
 
 from pflbench.config.run_config import RunConfig
-from pflbench.engine import EvalJob, Federation
+from pflbench.engine import EvalJob
+from pflbench.engine.federation import federation_of
 from pflbench.runs.prepare import prepare
 
 
@@ -61,8 +62,8 @@ def main() -> None:
             algorithm, executor = prepared.algorithm, prepared.executor
             for k in range(clients):  # a head of its own per client
                 algorithm.store.put(k, {n: t.clone() for n, t in algorithm.store.initial.items()})
-            federation = Federation(algorithm, executor, prepared.data.num_test, prepared.config.federation_spec)
-            now = median_time(federation.evaluate, args.repeats)
+            federation = federation_of(prepared)
+            now = median_time(federation.evaluator.evaluate_clients, args.repeats)
             row = {"algo": algo, "clients": clients, "eval_s": now}
             if not algorithm.clients_share_one_model():
 

@@ -18,7 +18,7 @@ import torch
 
 from pflbench.config.run_config import RunConfig
 from pflbench.engine import Federation
-from pflbench.runs.execute import make_federation
+from pflbench.engine.federation import federation_of
 from pflbench.runs.prepare import prepare
 
 VARIANTS = {
@@ -33,10 +33,10 @@ def one_round(federation: Federation, round_index: int) -> tuple[float, float, f
     started = time.process_time()
     federation.train_round(round_index, federation.sample_clients())
     trained = time.process_time()
-    federation.evaluate_clients(round_index)
+    federation.evaluator.evaluate_clients(round_index)
     evaluated = time.process_time()
-    if federation.new_clients:
-        federation.evaluate_new_clients(round_index)
+    for protocol in federation.evaluator.protocols[1:]:  # the new clients' (the only other one here)
+        protocol.measure(round_index)
     return trained - started, evaluated - trained, time.process_time() - evaluated
 
 
@@ -50,7 +50,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as out:
         for algo in args.algos.split(","):
             federations = {
-                name: make_federation(
+                name: federation_of(
                     prepare(RunConfig(algo=algo, dataset=args.dataset, rounds=args.rounds, out=out, **settings))
                 )
                 for name, settings in VARIANTS.items()

@@ -3,6 +3,12 @@
 
     pflbench run --plugin benchmarks/cifar_shaped.py --algo fedsdg --dataset cifar100_shaped --alpha 0.1
 
+and its 5-minute try on one CPU thread (docs/guides/running.md; evaluation, not training, is what
+costs there, hence the small test split and no validation split):
+
+    pflbench run --plugin benchmarks/cifar_shaped.py --algo fedsdg --dataset cifar100_shaped --alpha 0.1 \\
+        --pretrain-epochs 2 --public-frac 0.05 --val-frac 0 --test-frac 0.1 --frac 0.15 --rounds 2 --eval-every 2
+
 ``--dataset-option samples=N`` sets the size (default 60,000, CIFAR-100's train + test).
 """
 

@@ -20,7 +20,9 @@ import torch
 
 from pflbench.config.run_config import RunConfig
 from pflbench.data.dataset import FederatedData, TensorDataset
-from pflbench.engine import ClientJob, ClientUpdate, Federation, Observer, Tensors, load_into
+from pflbench.engine import ClientJob, ClientUpdate, Observer, Tensors, load_into
+from pflbench.engine.federation import federation_of
+from pflbench.engine.observer_hooks import install
 from pflbench.engine.observers import RoundCallback
 from pflbench.models.zoo import MLP
 from pflbench.util.seeding import derive_seed
@@ -54,17 +56,7 @@ class Harness:
         self.prepared = prepared
         self.algorithm = prepared.algorithm
         self.executor = prepared.executor
-        partition = prepared.partition
-        self.federation = Federation(
-            self.algorithm,
-            self.executor,
-            prepared.data.num_test,
-            prepared.config.federation_spec,
-            num_val=prepared.data.num_val if partition.has_val else None,
-            new_clients=partition.new_clients,
-            num_ood=len(partition.ood),
-            num_backdoor=prepared.data.num_backdoor,
-        )
+        self.federation = federation_of(prepared)
         self.observers = self.federation.observers
 
     # what tests read
@@ -125,7 +117,9 @@ class Harness:
         return self.federation.run()
 
     def evaluate(self) -> tuple[dict[str, Any], np.ndarray]:
-        return self.federation.evaluate()
+        """The training clients' metrics (``pers_acc``, ``global_acc``, ...) and each client's ``pers_acc``."""
+        metrics, columns = self.federation.evaluator.evaluate_clients()
+        return metrics, columns["pers_acc"]
 
     def sample_clients(self) -> list[int]:
         return self.federation.sample_clients()
@@ -187,14 +181,32 @@ def tiny_run(algo: str, out: Path, **settings: Any) -> RunConfig:
 
 
 # ---- kill and resume ------------------------------------------------------------------------------
+class KillAfterRound(Observer):
+    """SIGKILL this process once round ``round_index`` is written (and checkpointed)."""
+
+    def __init__(self, round_index: int) -> None:
+        self.round = round_index
+
+    def on_round_end(self, record: dict[str, Any]) -> None:
+        if record["round"] == self.round:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_after_round(round_index: int) -> None:
+    """Make every later run of this process SIGKILL it after round ``round_index`` (installed
+    as the runs' last observer: ``engine.observer_hooks``). For a forked or fresh process only
+    (a test's child, ``python -c``): the process dies."""
+    install(lambda: KillAfterRound(round_index))
+
+
 def killed_after_round(after_round: int, run: Callable[[], object]) -> None:
     """Call ``run()`` (a run, a sweep, a CLI invoke) in a forked child that SIGKILLs itself after
-    round ``after_round`` (the ``PFLBENCH_TEST_KILL_AFTER_ROUND`` hook); fail unless it died so."""
+    round ``after_round`` (``kill_after_round``); fail unless it died so."""
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
         try:
             torch.set_num_threads(1)
-            os.environ["PFLBENCH_TEST_KILL_AFTER_ROUND"] = str(after_round)
+            kill_after_round(after_round)
             run()
         finally:
             os._exit(3)

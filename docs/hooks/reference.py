@@ -237,7 +237,8 @@ def cli_page() -> str:
     parts = [
         "# Command line\n",
         "Every `pflbench` command with every option, default and help text, walked from the click "
-        "commands when the site is built (`pflbench COMMAND --help` prints the same).\n",
+        "commands when the site is built (`pflbench COMMAND --help` prints the same; for `run`, `sweep` "
+        "and `tune` it lists the shared options by topic, one line each, and `--help-all` prints them all).\n",
     ]
     root = click.Context(cli, info_name="pflbench")
     for name in sorted(cli.list_commands(root)):

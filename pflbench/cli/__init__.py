@@ -6,6 +6,8 @@
 - ``sweep.py``: ``sweep``; ``tune.py``: ``tune``; ``leaderboard.py``: ``leaderboard``
 - ``pretrain.py``: ``pretrain``; ``reference.py``: ``reference`` (the reference leaderboards)
 - ``options.py``: dataclass → click options; one ``Error:`` line and exit code 2 for bad input
+- ``controls.py``: the options that steer a command (``--quiet``, ``--jobs``, ...), declared once
+- ``help.py``: help that fits on a screen (titled sections; an algorithm's options for ``--algo``)
 - plugin commands (e.g. FedSDG's ``gates``) come from the ``pflbench.commands`` entry points.
 
 Nothing here imports torch at module level: ``pflbench --help`` and ``pflbench list`` stay fast.

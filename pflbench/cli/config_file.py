@@ -29,6 +29,7 @@ from typing import Any
 
 import click
 
+from pflbench.cli.controls import CommandOption
 from pflbench.config.value_types import type_error
 from pflbench.errors import ConfigError
 
@@ -180,7 +181,10 @@ def _space(value: Any, path: Path) -> tuple[str, ...]:
 
 
 def default_map(
-    table: dict[str, Any], params: list[click.Parameter], path: Path, ignore: tuple[str, ...] = ("config", "help")
+    table: dict[str, Any],
+    params: list[click.Parameter],
+    path: Path,
+    ignore: tuple[str, ...] = ("config", "help", "help_all"),
 ) -> dict[str, Any]:
     """The file's values keyed by the command's parameter names, shaped for click's
     ``default_map`` (lists for repeatable options, text for comma-separated ones)."""
@@ -247,7 +251,7 @@ CONFIG_OPTION_HELP = (
 
 
 def config_option() -> click.Option:
-    return click.Option(
+    return CommandOption(
         ["--config"],
         type=click.Path(dir_okay=False),
         default=None,

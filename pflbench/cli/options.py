@@ -18,11 +18,13 @@ from typing import Any
 import click
 
 from pflbench.cli.config_file import config_path_from, default_map, plugins_of, read_config_file
-from pflbench.config.identity import inert_settings
+from pflbench.cli.controls import CONTROLS
+from pflbench.cli.help import HELP_ALGOS, algos_from, format_sections, shortened_help
 from pflbench.config.run_config import RunConfig, field_types
 from pflbench.errors import ConfigError
 from pflbench.plugin_sources import algorithm_hyperparameters
 from pflbench.registry import ALGORITHMS, load_plugin_file
+from pflbench.runs.inert import ignored, inert_options
 
 
 def _flag(name: str) -> str:
@@ -80,7 +82,7 @@ def algorithm_options(from_sources: bool = False) -> list[click.Option]:
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
     for algo, fields in algorithm_hyperparameters().items():
         for f in fields:
-            if f.name in run_fields or f.name in ("quiet", "plugin"):
+            if f.name in run_fields or f.name in CONTROLS or f.name in ("config", "help"):
                 raise ConfigError(f"algorithm {algo!r} hyperparameter {f.name!r} clashes with a run option")
             entry = seen.setdefault(f.name, (field_option(f.name, f.annotation, f.default, f.metadata), []))
             entry[1].append(f"{algo}: {f.default}")
@@ -114,22 +116,6 @@ def explicit_options(names: Any) -> set[str]:
     return {n for n in names if context.get_parameter_source(n) in given}
 
 
-def unused_services(config: RunConfig, command: str) -> dict[str, str]:
-    """Options that configure a service the run does not use (Ray for the executor, MLflow),
-    each with why. They never change the numbers (the run's identity leaves them out), so
-    ``inert_settings`` does not list them; given, they would be silently ignored. A sweep's
-    ``--ray-address`` without ``--executor ray`` is read: the sweep runs its runs on Ray."""
-    unused = {}
-    if config.executor != "ray":
-        unused["ray_workers"] = f"--executor {config.executor} starts no Ray actors (--executor ray does)"
-        if command == "run":
-            unused["ray_address"] = f"--executor {config.executor} joins no Ray cluster (--executor ray does)"
-    trackers = {name.strip() for item in config.log for name in item.split(",")}
-    if "mlflow" not in trackers:
-        unused["mlflow_uri"] = "nothing logs to MLflow without --log mlflow"
-    return unused
-
-
 def refuse_inert_options(configs: list[tuple[RunConfig, Any]], swept: Collection[str] = ()) -> None:
     """ConfigError for an option given (command line, --config file, or a sweep's ``--set`` axis
     named in ``swept``) that no run of ``configs`` (resolved config, hyperparameters) would read."""
@@ -138,7 +124,7 @@ def refuse_inert_options(configs: list[tuple[RunConfig, Any]], swept: Collection
     inert: dict[str, str] | None = None
     command = click.get_current_context().info_name or ""
     for config, hparams in configs:
-        found = {**inert_settings(config, ALGORITHMS.get(config.algo), hparams), **unused_services(config, command)}
+        found = inert_options(config, hparams, command)
         inert = found if inert is None else {k: v for k, v in inert.items() if k in found}
     inert = inert or {}
     for name in sorted(explicit_options(inert) | {n for n in swept if n in inert}):
@@ -149,7 +135,7 @@ def refuse_inert_options(configs: list[tuple[RunConfig, Any]], swept: Collection
         where = " of the --config file" if source is ParameterSource.DEFAULT_MAP else ""
         if name in swept and source not in (ParameterSource.COMMANDLINE, ParameterSource.DEFAULT_MAP):
             where = " of --set"
-        raise ConfigError(f"{_flag(name)} {value} would be ignored: {inert[name]}; leave it out{where}")
+        raise ignored(name, value, inert[name], where)
 
 
 class RunCommand(click.Command):
@@ -159,8 +145,11 @@ class RunCommand(click.Command):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         _load_plugins_from(args)
         path = config_path_from(args)
-        wants_help = any(a in ctx.help_option_names for a in args[: args.index("--") if "--" in args else None])
-        if path is not None and not wants_help:
+        helps = (*ctx.help_option_names, "--help-all")
+        wants_help = any(a in helps for a in args[: args.index("--") if "--" in args else None])
+        if wants_help:  # help lists the options of the algorithms named (on the line, else in the file)
+            ctx.meta[HELP_ALGOS] = algos_from(args, _table_or_none(path))
+        elif path is not None:
             # the file's values become click's defaults: command-line options override them
             table = read_config_file(path)
             for plugin in plugins_of(table):
@@ -169,6 +158,13 @@ class RunCommand(click.Command):
             ctx.default_map = {**(ctx.default_map or {}), **values}
         return super().parse_args(ctx, args)
 
+    def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with shortened_help(self, ctx):  # compact help: the first paragraph and the examples
+            super().format_help_text(ctx, formatter)
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        format_sections(self, ctx, formatter)  # titled sections; an algorithm's options for --algo NAME
+
     def get_params(self, ctx: click.Context) -> list[click.Parameter]:
         base = super().get_params(ctx)
         known = {p.name for p in base}
@@ -176,6 +172,16 @@ class RunCommand(click.Command):
         # cli.run) must not pay for torch; ``plan_run`` imports the one algorithm the run uses
         extra = algorithm_options(from_sources=True)
         return base[:-1] + [o for o in extra if o.name not in known] + base[-1:]
+
+
+def _table_or_none(path: str | None) -> dict[str, Any] | None:
+    """The ``--config`` file's table for help (a file that cannot be read: none; running says why)."""
+    if path is None:
+        return None
+    try:
+        return read_config_file(path)
+    except ConfigError:
+        return None
 
 
 class PflbenchGroup(click.Group):

@@ -119,7 +119,7 @@ def _scenario(
 ) -> int:
     from pflbench.config.reference import Scenario
     from pflbench.report.reference import write_artifacts
-    from pflbench.store.layout import check_writable
+    from pflbench.store.layout import check_writable, runs_folder
     from pflbench.store.reader import read_json
     from pflbench.sweeps.reference import (
         algorithm_cells,
@@ -138,13 +138,14 @@ def _scenario(
     assert isinstance(scenario, Scenario)
     base = scenario_base(scenario, work)
     protocol = scenario.protocol
-    runs_dir = Path(base.out) / "runs"
+    runs_dir = runs_folder(base.out)
     if artifacts_only:
         path = work_record_path(base)
         if not path.is_file():
             raise ConfigError(f"{path} does not exist: nothing to write the artifacts of {scenario.name} from")
         check_writable(folder)
         write_artifacts(scenario, folder, read_json(path), runs_dir, click.echo)
+        _write_literature(folder.parent)
         return 0
     names = scenario_algorithms(scenario, algos)
     tune_rounds = protocol.tune_rounds or base.rounds
@@ -197,7 +198,17 @@ def _scenario(
             written_at = time.monotonic()
     if artifacts and record is not None:
         write_artifacts(scenario, folder, record, runs_dir, click.echo)
+        _write_literature(folder.parent)
     return failed
+
+
+def _write_literature(root: Path) -> None:
+    """The papers' numbers beside the scenarios' (``LITERATURE.md``), when ROOT ships a
+    ``literature.csv``: regenerated with the artifacts, so it never lags the tables."""
+    from pflbench.report.literature import LITERATURE_FILE, write_literature
+
+    if (root / LITERATURE_FILE).is_file():
+        write_literature(root)
 
 
 def _params(params: dict[str, object]) -> str:

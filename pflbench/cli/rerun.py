@@ -61,7 +61,7 @@ def rerun_command(
     code needs --plugin FILE or --trust-plugins; trackers log only where --log says, and a Ray
     cluster is joined only at --ray-address."""
     from pflbench.cli.run import _execute_with_progress, _summary_line
-    from pflbench.config.identity import identity_hash, run_identity
+    from pflbench.config.identity import identity_hash, identity_settings
     from pflbench.config.provenance import code_changes, code_record
     from pflbench.runs.execute import execute
     from pflbench.runs.rerun import compare_rounds, prepare_rerun
@@ -93,7 +93,7 @@ def rerun_command(
         click.echo(f"code DIFFERS from what made the run: {'; '.join(changes)}", err=True)
     else:
         click.echo(f"code identical to what made the run (code identity {recorded.code.get('identity')})")
-    identity = identity_hash(run_identity(prepared.config, type(prepared.algorithm), prepared.algorithm.hparams))
+    identity = identity_hash(identity_settings(prepared.config, type(prepared.algorithm), prepared.algorithm.hparams))
     if recorded.identity_hash and identity != recorded.identity_hash:
         click.echo(
             f"warning: the rerun's settings hash to {identity}, the original's to "

@@ -11,21 +11,21 @@ from typing import Any
 import click
 
 from pflbench.cli.config_file import config_option
+from pflbench.cli.controls import controls
 from pflbench.cli.options import RunCommand, dataclass_options
 from pflbench.config.run_config import RunConfig
 
 
 def _run_callback(quiet: bool, plugin: tuple[str, ...], force: bool, resume: bool, **values: Any) -> int:
-    from pathlib import Path
 
-    from pflbench.store.layout import RunPaths, check_writable, guard_run
+    from pflbench.store.layout import RunPaths, check_writable, guard_run, runs_folder
 
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
     config = RunConfig(**{k: v for k, v in values.items() if k in run_fields})
     algo_options = {k: v for k, v in values.items() if k not in run_fields and v is not None}
     check_before_torch(config)
     check_writable(config.out)
-    check_writable(Path(config.out) / "runs")
+    check_writable(runs_folder(config.out))
     from pflbench.cli.options import refuse_inert_options
     from pflbench.runs.execute import RunDiverged, execute  # torch from here on
     from pflbench.runs.prepare import plan_run, prepare
@@ -188,24 +188,6 @@ run_command = RunCommand(
     params=[
         config_option(),
         *dataclass_options(RunConfig),
-        click.Option(["--quiet", "-q"], is_flag=True, help="No progress bar."),
-        click.Option(
-            ["--force"],
-            is_flag=True,
-            help="Redo a run that already finished in --out (the earlier result is "
-            "replaced only when the new run completes).",
-        ),
-        click.Option(
-            ["--resume"],
-            is_flag=True,
-            help="Continue an unfinished run of the same settings from its last "
-            "checkpoint (see --checkpoint-every); without one, start it anew.",
-        ),
-        click.Option(
-            ["--plugin"],
-            multiple=True,
-            type=str,
-            help="Python file that registers an algorithm/dataset/model (repeatable).",
-        ),
+        *controls("quiet", "force", "resume", "plugin", "help_all"),
     ],
 )

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from pflbench.cli.config_file import config_option
+from pflbench.cli.controls import CommandOption, command_option_names, controls
 from pflbench.cli.options import RunCommand, _flag, dataclass_options
 from pflbench.config.run_config import RunConfig
 from pflbench.errors import ConfigError
@@ -42,7 +43,59 @@ def _sweep_axes(sets: tuple[str, ...], values: dict[str, Any], run_fields: set[s
     return axes
 
 
-SWEEP_CONTROLS = ("jobs", "quiet", "dry_run", "plugin", "ray", "cpus_per_run", "gpus_per_run", "config", "force")
+GRID = "Grid"  # the help section of the grid's axes
+
+
+def grid_options(seeds_help: str = "Seeds, comma-separated.") -> list[click.Option]:
+    """The grid's axes (``sweep``, ``tune``): algorithms × datasets × α × seeds × --set."""
+    return [
+        CommandOption(
+            ["--algos"], section=GRID, default=RunConfig.algo, show_default=True, help="Algorithms, comma-separated."
+        ),
+        CommandOption(
+            ["--datasets"],
+            section=GRID,
+            default=RunConfig.dataset,
+            show_default=True,
+            help="Datasets, comma-separated.",
+        ),
+        CommandOption(
+            ["--alphas"],
+            section=GRID,
+            default=f"{RunConfig.alpha:g}",
+            show_default=True,
+            help="Dirichlet concentrations, comma-separated.",
+        ),
+        CommandOption(["--seeds"], section=GRID, default=str(RunConfig.seed), show_default=True, help=seeds_help),
+        CommandOption(
+            ["--set", "sets"],
+            section=GRID,
+            multiple=True,
+            metavar="NAME=V1,V2",
+            help="Another grid axis: a run option (lr=0.01,0.05) or an algorithm "
+            "hyperparameter (mu=0.01,0.1; only for the algorithms that have it). Repeatable.",
+        ),
+    ]
+
+
+def sweep_controls() -> list[click.Option]:
+    """The controls of a grid's command (``sweep``, ``tune``)."""
+    return controls(
+        "ray",
+        "cpus_per_run",
+        "gpus_per_run",
+        "jobs",
+        "force",
+        "quiet",
+        "dry_run",
+        "plugin",
+        "help_all",
+        force="Redo every run of the grid, finished ones too (each earlier result is replaced only when its new run "
+        "completes).",
+        quiet="Print only the final summary.",
+    )
+
+
 NAMES_SHOWN = 10  # runs named in the one line that lists stale runs
 
 
@@ -53,7 +106,7 @@ def sweep_plan(
     the sweep's own controls (--jobs, --ray, ...) are not grid settings."""
     from pflbench.sweeps.grid import Grid, split_values
 
-    values = {k: v for k, v in values.items() if k not in SWEEP_CONTROLS}
+    values = {k: v for k, v in values.items() if k not in command_option_names(click.get_current_context().command)}
 
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
     base = RunConfig(**{k: v for k, v in values.items() if k in run_fields})
@@ -85,7 +138,7 @@ def _sweep_callback(
 ) -> int:
     from pathlib import Path
 
-    from pflbench.cli.options import explicit_options, refuse_inert_options
+    from pflbench.cli.options import refuse_inert_options
     from pflbench.config.run_config import hyperparameters_from
     from pflbench.registry import ALGORITHMS
     from pflbench.store.layout import ERROR_FILE, RUNS_DIR, check_writable
@@ -96,12 +149,7 @@ def _sweep_callback(
 
     base, grid = sweep_plan(algos, datasets, alphas, seeds, sets, **values)
     on_ray = ray or (base.ray_address is not None and base.executor != "ray")
-    resources = [] if on_ray else sorted(explicit_options(("cpus_per_run", "gpus_per_run")))
-    if resources:  # given on the command line or in --config: inert without Ray
-        raise ConfigError(
-            f"--{resources[0].replace('_', '-')} would be ignored: only Ray tasks declare resources "
-            "(--ray or --ray-address); a local sweep runs --jobs processes of --threads threads; leave it out"
-        )
+    refuse_resources_without_ray(on_ray)
     if on_ray and not dry_run:  # fail before expanding (and before any Ray start-up) on bad resources/no Ray
         from pflbench.sweeps.on_ray import check_resources
         from pflbench.util.ray_cluster import require_ray
@@ -195,6 +243,18 @@ def _sweep_callback(
     return 1 if counts["failed"] or counts["diverged"] else 0
 
 
+def refuse_resources_without_ray(on_ray: bool) -> None:
+    """--cpus-per-run/--gpus-per-run given (command line or --config) without Ray: inert, refused."""
+    from pflbench.cli.options import explicit_options
+
+    resources = [] if on_ray else sorted(explicit_options(("cpus_per_run", "gpus_per_run")))
+    if resources:
+        raise ConfigError(
+            f"--{resources[0].replace('_', '-')} would be ignored: only Ray tasks declare resources "
+            "(--ray or --ray-address); a local sweep runs --jobs processes of --threads threads; leave it out"
+        )
+
+
 DRY_RUN_NOTES = {
     "unfinished": "",
     "current": " (finished)",
@@ -250,68 +310,8 @@ sweep_command = RunCommand(
     "  pflbench sweep --config examples/paper_digits.toml",
     params=[
         config_option(),
-        click.Option(["--algos"], default=RunConfig.algo, show_default=True, help="Algorithms, comma-separated."),
-        click.Option(["--datasets"], default=RunConfig.dataset, show_default=True, help="Datasets, comma-separated."),
-        click.Option(
-            ["--alphas"],
-            default=f"{RunConfig.alpha:g}",
-            show_default=True,
-            help="Dirichlet concentrations, comma-separated.",
-        ),
-        click.Option(["--seeds"], default=str(RunConfig.seed), show_default=True, help="Seeds, comma-separated."),
-        click.Option(
-            ["--set", "sets"],
-            multiple=True,
-            metavar="NAME=V1,V2",
-            help="Another grid axis: a run option (lr=0.01,0.05) or an algorithm "
-            "hyperparameter (mu=0.01,0.1; only for the algorithms that have it). Repeatable.",
-        ),
+        *grid_options(),
         *dataclass_options(RunConfig, SWEEP_SHARED),
-        click.Option(
-            ["--ray"],
-            is_flag=True,
-            help="Run whole runs in parallel as Ray tasks (a local Ray instance with this "
-            "machine's CPUs, or the cluster of --ray-address, which implies --ray); "
-            "results are written here as by a local sweep. pip install 'pflbench[ray]'.",
-        ),
-        click.Option(
-            ["--cpus-per-run"],
-            type=float,
-            default=1.0,
-            show_default=True,
-            help="CPUs each run task declares to Ray (and its torch threads).",
-        ),
-        click.Option(
-            ["--gpus-per-run"],
-            type=float,
-            default=0.0,
-            show_default=True,
-            help="GPUs each run task declares to Ray (fractions share a GPU).",
-        ),
-        click.Option(
-            ["--jobs", "-j"],
-            type=click.IntRange(min=1),
-            default=1,
-            show_default=True,
-            help="Runs at once, each in its own process with max(1, threads // jobs) "
-            "threads (--threads 0: every usable core). Same metrics as --jobs 1 "
-            "at equal threads per run.",
-        ),
-        click.Option(
-            ["--force"],
-            is_flag=True,
-            help="Redo every run of the grid, finished ones too (each earlier result is replaced "
-            "only when its new run completes).",
-        ),
-        click.Option(["--quiet", "-q"], is_flag=True, help="Print only the final summary."),
-        click.Option(
-            ["--dry-run"], is_flag=True, help="List the grid's runs (and which are finished) without running anything."
-        ),
-        click.Option(
-            ["--plugin"],
-            multiple=True,
-            type=str,
-            help="Python file that registers an algorithm/dataset/model (repeatable).",
-        ),
+        *sweep_controls(),
     ],
 )

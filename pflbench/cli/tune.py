@@ -7,11 +7,11 @@ from typing import Any
 
 import click
 
-from pflbench.cli.options import RunCommand
-from pflbench.cli.sweep import sweep_command, sweep_plan
+from pflbench.cli.config_file import config_option
+from pflbench.cli.controls import CommandOption
+from pflbench.cli.options import RunCommand, dataclass_options
+from pflbench.cli.sweep import SWEEP_SHARED, grid_options, refuse_resources_without_ray, sweep_controls, sweep_plan
 from pflbench.config.run_config import RunConfig
-
-TUNE_CONTROLS = ("space", "objective", "trials", "sampler", "pruner", "sampler_seed", "allow_test_selection")
 
 
 def _tune_callback(
@@ -35,6 +35,7 @@ def _tune_callback(
     import importlib.util
     from pathlib import Path
 
+    from pflbench.cli.options import refuse_inert_options
     from pflbench.errors import ConfigError
 
     if not dry_run and importlib.util.find_spec("optuna") is None:  # said at once, before torch is imported
@@ -66,6 +67,10 @@ def _tune_callback(
         **values,
     )
     plans = plan_studies(base, grid, parse_space(space), settings)
+    on_ray = ray or (base.ray_address is not None and base.executor != "ray")
+    refuse_resources_without_ray(on_ray)
+    # an option no trial and no final run would read is refused, as by run and sweep
+    refuse_inert_options([run_settings(run) for plan in plans for run in trial_runs(plan)], swept=set(grid.axes))
     for plan in plans:
         plan.force = force
     echo = (lambda line: None) if quiet else click.echo
@@ -78,7 +83,6 @@ def _tune_callback(
         click.echo(f"tune: {len(plans)} studies (dry run, nothing was run)")
         return 0
     require_optuna()
-    on_ray = ray or (base.ray_address is not None and base.executor != "ray")
     if on_ray:
         from pflbench.sweeps.on_ray import check_resources
         from pflbench.util.ray_cluster import require_ray
@@ -152,11 +156,41 @@ def _tune_callback(
     return 1 if failed else 0
 
 
+def trial_runs(plan: Any) -> list[Any]:
+    """Runs that stand for ``plan``'s trials: its cell, and the cell with each value of each
+    choice (each end of each range) of its space, so that an option one trial reads is kept."""
+    from pflbench.config.space import Choice
+    from pflbench.errors import ConfigError
+
+    runs = [plan.cell]
+    for name, dimension in plan.space.items():
+        if isinstance(dimension, Choice):
+            values = dimension.values
+        else:
+            ends = (dimension.low, dimension.high)
+            values = tuple(round(v) for v in ends) if dimension.integer else ends
+        for value in values:
+            try:
+                runs.append(plan.run_of({name: value}))
+            except ConfigError:  # an end no trial may draw (a bound a setting excludes): it stands for none
+                continue
+    return runs
+
+
+def run_settings(run: Any) -> tuple[Any, Any]:
+    """(config, hyperparameters) of a planned run."""
+    from pflbench.config.run_config import hyperparameters_from
+    from pflbench.registry import ALGORITHMS
+
+    algo = run.config.algo
+    return run.config, hyperparameters_from(ALGORITHMS.get(algo).hyperparameters, dict(run.algo_options), algo)
+
+
 def _short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-_SHARED = [p for p in sweep_command.params if p.name not in ("seeds",)]
+TUNING = "Tuning"  # the help section of the study's own options
 
 tune_command = RunCommand(
     "tune",
@@ -172,49 +206,59 @@ tune_command = RunCommand(
     "\b\nExample:\n  pflbench tune --algos fedavg,fedprox --alphas 0.1 --trials 8 --seeds 0,1,2\n"
     "  pflbench tune --algos fedprox --space lr=log:0.005:0.5 --space mu=0.001,0.01,0.1,1 --sampler grid",
     params=[
-        *_SHARED[:5],
-        click.Option(
-            ["--seeds"],
-            default=str(RunConfig.seed),
-            show_default=True,
-            help="Seeds, comma-separated: the trials run on the first, the chosen setting on all.",
-        ),
-        click.Option(
-            ["--space"],
+        config_option(),
+        *grid_options(seeds_help="Seeds, comma-separated: the trials run on the first, the chosen setting on all."),
+        CommandOption(
+            section=TUNING,
+            param_decls=["--space"],
             multiple=True,
             metavar="NAME=SPEC",
             help="A tuned setting (run option or hyperparameter): V1,V2,... (choices), LOW:HIGH "
             "(uniform) or log:LOW:HIGH (log-uniform); integer settings take whole numbers. "
             "Repeatable; replaces the algorithms' default spaces.",
         ),
-        click.Option(
-            ["--objective"],
+        CommandOption(
+            section=TUNING,
+            param_decls=["--objective"],
             default="val_pers_acc",
             show_default=True,
             help="Metric to maximise: val_pers_acc, val_pers_acc_weighted, val_pers_acc_worst10, "
             "val_global_acc (final value; add _last10 for the mean of the last 10% of evaluations).",
         ),
-        click.Option(["--trials"], type=int, default=16, show_default=True, help="Trials per study."),
-        click.Option(
-            ["--sampler"],
+        CommandOption(
+            section=TUNING, param_decls=["--trials"], type=int, default=16, show_default=True, help="Trials per study."
+        ),
+        CommandOption(
+            section=TUNING,
+            param_decls=["--sampler"],
             type=click.Choice(["tpe", "grid"]),
             default="tpe",
             show_default=True,
             help="tpe: random trials first, then Optuna's TPE; grid: every combination of the listed values.",
         ),
-        click.Option(
-            ["--pruner"],
+        CommandOption(
+            section=TUNING,
+            param_decls=["--pruner"],
             type=click.Choice(["median", "none"]),
             default="median",
             show_default=True,
             help="median: stop a trial whose objective falls below the median of earlier trials at the same round.",
         ),
-        click.Option(["--sampler-seed"], type=int, default=0, show_default=True, help="Seed of the sampler."),
-        click.Option(
-            ["--allow-test-selection"],
+        CommandOption(
+            section=TUNING,
+            param_decls=["--sampler-seed"],
+            type=int,
+            default=0,
+            show_default=True,
+            help="Seed of the sampler.",
+        ),
+        CommandOption(
+            section=TUNING,
+            param_decls=["--allow-test-selection"],
             is_flag=True,
             help="Allow a test metric as --objective (the record says 'selected on test').",
         ),
-        *_SHARED[5:],
+        *dataclass_options(RunConfig, SWEEP_SHARED),
+        *sweep_controls(),
     ],
 )

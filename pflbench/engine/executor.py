@@ -1,5 +1,8 @@
 """Executors run client programs: ``train(program, jobs) -> updates`` and ``evaluate``.
 
+``Executor`` declares every member the engine and the runs use of one; an executor implements
+them all (``SequentialExecutor``'s are the reference; ``vmap`` and ``ray`` follow its numbers).
+
 ``SequentialExecutor`` trains one client after another in one working model: it loads
 ``program.assemble(received, private)`` into the model in place, runs the local phases (the
 batch loop) and reads the upload and the new private state back out.
@@ -17,7 +20,7 @@ from torch import nn
 
 from pflbench.config.groups import ExecutorSpec
 from pflbench.data.dataset import FederatedData
-from pflbench.engine.algorithm import ClientProgram
+from pflbench.engine.algorithm import Algorithm, ClientProgram
 from pflbench.engine.evaluation import evaluate_heads, head_split
 from pflbench.engine.local import LocalTrainer
 from pflbench.engine.types import ClientJob, ClientUpdate, EvalJob, Tensors, load_into
@@ -28,12 +31,31 @@ from pflbench.util.seeding import derive_seed
 
 class Executor(Protocol):
     name: str
+    model: nn.Module  # the working model (the run's architecture; what ``export`` saves)
+    data: FederatedData  # the clients' data, on the run's device
+
+    def check_algorithm(self, algorithm: Algorithm) -> None:
+        """Raise ConfigError when this executor cannot host ``algorithm`` (before any work)."""
 
     def train(self, program: ClientProgram, jobs: Sequence[ClientJob]) -> list[ClientUpdate]:
         """Run each job's local training; updates in the order of ``jobs``."""
 
+    def train_iter(self, program: ClientProgram, jobs: Sequence[ClientJob]) -> Iterator[ClientUpdate]:
+        """``train``'s updates one by one, in the order of ``jobs``, as soon as each is ready
+        (the round loop folds each into a streamed aggregation as it arrives)."""
+
     def evaluate(self, program: ClientProgram, jobs: Sequence[EvalJob]) -> list[np.ndarray]:
         """Per job, the number of correct predictions of each of its clients on the job's split."""
+
+    def evaluate_split(
+        self, program: ClientProgram, states: Sequence[Tensors], clients: Sequence[int], split: str
+    ) -> np.ndarray | None:
+        """Correct predictions on ``split`` of each client ``clients[i]`` with model
+        ``states[i]``, the shared body run once (``evaluation.head_split``); None when this
+        executor does not, or the states are not body + own head (then ``evaluate`` per client)."""
+
+    def close(self) -> None:
+        """Release what the executor holds (Ray actors back to the pool); the run is over."""
 
 
 class SequentialExecutor:
@@ -45,6 +67,12 @@ class SequentialExecutor:
         self.model, self.data = model, data
         self.tensors: Tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
         self._everyone: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # split → (indices, owner) of all clients
+
+    def check_algorithm(self, algorithm: Algorithm) -> None:
+        """Hosts every algorithm."""
+
+    def close(self) -> None:
+        """Holds nothing to release."""
 
     def train(self, program: ClientProgram, jobs: Sequence[ClientJob]) -> list[ClientUpdate]:
         return list(self.train_iter(program, jobs))
@@ -167,6 +195,14 @@ class LazyExecutor:
 def _require_ray() -> None:
 
     require_ray()
+
+
+def check_executor(kind: str) -> None:
+    """Raise ConfigError when executor ``kind``'s optional dependency is missing (Ray), before
+    any expensive stage; an executor without one (a class) has nothing to check."""
+    factory = EXECUTORS[kind]
+    if isinstance(factory, LazyExecutor):
+        factory.check()
 
 
 def make_executor(spec: ExecutorSpec, model: nn.Module, data: FederatedData) -> Executor:

@@ -1,14 +1,10 @@
 """The one round loop: sample → jobs → executor → aggregate → evaluate → observers.
 
-Evaluation (every ``eval_every`` rounds and after the last): each training client's model on its
-test split (``pers_acc``, ``global_acc``, ...) and, with a validation split (``--val-frac``), the
-same models on its validation split (``val_pers_acc``, ``val_global_acc``, ...: personalization
-programs run once, their result is evaluated on both). With new clients (``--new-clients``),
-clients held out of training entirely (never sampled: M is drawn from the training clients, and
-never counted in the metrics above), each new client is served by the algorithm's adaptation
-(``Algorithm.new_client_model`` / ``new_client_program``) and tested (``new_acc``, ...). With a
-held-out domain (``--holdout-domain``), its samples give ``ood_acc`` (``evaluate_ood``). With
-``--attack backdoor``, the triggered test samples give ``asr`` (``evaluate_asr``, engine.attacks).
+What a round measures of its models (every ``eval_every`` rounds and after the last) is the
+evaluation seam's (``engine.evaluator.Evaluator``: personalized and global accuracy, new
+clients, the held-out domain, the backdoor, fine-tuning); the loop only asks it. The bytes each
+round moves are counted in a ``Traffic``. ``federation_of(run)`` builds the loop of a prepared
+run (the one construction ``runs.execute`` and ``pflbench.testing`` share).
 """
 
 from __future__ import annotations
@@ -18,34 +14,39 @@ import math
 import resource
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from pflbench.config.groups import FederationSpec
-from pflbench.config.run_config import MODEL_POISONING
-from pflbench.engine.algorithm import Algorithm, ClientProgram, FineTuneProgram
+from pflbench.config.run_config import MODEL_POISONING, RunConfig
+from pflbench.data.dataset import FederatedData
+from pflbench.data.partition import Partition
+from pflbench.engine.algorithm import Algorithm
 from pflbench.engine.attacks import PoisonedUploads, choose_attackers
 from pflbench.engine.availability import RoundPlan, SystemModel
-from pflbench.engine.evaluation import varying_names
+from pflbench.engine.evaluator import EvaluationSets, Evaluator
 from pflbench.engine.executor import Executor
-from pflbench.engine.metrics import accuracy_metrics
 from pflbench.engine.observers import RunObserver
-from pflbench.engine.personalize import personalize
 from pflbench.engine.privacy import Privacy, client_sample_rate
 from pflbench.engine.robust import RobustAggregation
-from pflbench.engine.types import ClientJob, ClientUpdate, EvalJob, Tensors, tensor_bytes
-from pflbench.util import progress
+from pflbench.engine.types import ClientJob, ClientUpdate, tensor_bytes
 from pflbench.util.seeding import derive_seed, rng_stream
 
-PERSONALIZE_CHUNK = 64  # clients personalized (and held in memory) at once during evaluation
-# how the progress display names a ``personalized_correct`` stream (the stage's unit: a client)
-STAGE_NAMES = {
-    "personalize": "personalizing for evaluation",
-    "adapt_new": "adapting new clients",
-    "finetune": "fine-tuning",
-}
+
+@dataclass
+class Traffic:
+    """Bytes that travelled: ``up`` the uploads that reached the server, ``down`` the models the
+    sampled clients received (a client that dropped out received its model too)."""
+
+    up: int = 0
+    down: int = 0
+
+    def add(self, other: Traffic) -> None:
+        self.up += other.up
+        self.down += other.down
 
 
 class Diverged(Exception):
@@ -99,35 +100,25 @@ def check_finite(round_index: int, updates: list[ClientUpdate]) -> None:
 class Federation:
     """Runs ``algorithm``'s rounds on ``executor``; the algorithm's state lives in the driver.
 
-    ``num_val``: each client's validation samples (None or all 0: no validation metrics);
-    ``new_clients``: the clients held out of training (``data.partition.choose_new_clients``);
-    ``num_ood``: samples of the held-out domain (the executor's ``ood`` split; 0: no ``ood_acc``).
-
-    ``system``: who is online, drops out, is late (``engine.availability``; None: every sampled
-    client reports). ``next_round``, the byte totals, ``sim_time_total``, ``client_accuracy`` and
-    ``client_metrics`` are the loop's own
-    state between rounds (with ``sampling_rng`` and the algorithm's state: what a checkpoint saves)."""
+    ``sets``: what the evaluation protocols evaluate on (``engine.evaluator.EvaluationSets``:
+    the clients' split sizes, the new clients held out of training, the held-out domain, the
+    triggered samples). ``system``: who is online, drops out, is late (``engine.availability``;
+    None: every sampled client reports). ``next_round``, ``traffic_total``, ``sim_time_total``,
+    ``client_accuracy`` and ``client_metrics`` are the loop's own state between rounds (with
+    ``sampling_rng`` and the algorithm's state: what a checkpoint saves); ``traffic`` and
+    ``round_plan`` are the last round's."""
 
     def __init__(
         self,
         algorithm: Algorithm,
         executor: Executor,
-        num_test: Sequence[int],
         settings: FederationSpec,
+        sets: EvaluationSets,
         observers: Sequence[RunObserver] = (),
-        *,
-        num_val: Sequence[int] | None = None,
-        new_clients: Sequence[int] = (),
-        num_ood: int = 0,
-        num_backdoor: Sequence[int] | None = None,
     ) -> None:
         self.algorithm, self.executor, self.observers = algorithm, executor, list(observers)
         self.settings = settings
-        self.num_test = np.asarray(num_test)
-        self.num_val = np.asarray(num_val) if num_val is not None and any(num_val) else None
-        self.new_clients = sorted(int(k) for k in new_clients)
-        self.num_ood = int(num_ood)
-        held_out = set(self.new_clients)
+        held_out = set(sets.new_clients)  # never sampled, never in the training clients' metrics
         self.training_clients = [k for k in range(settings.num_clients) if k not in held_out]
         self.sampling_rng = rng_stream(settings.seed, "sampling")
         # --dropout, --availability, stragglers, --deadline, --over-select (engine.availability); None: off
@@ -139,7 +130,8 @@ class Federation:
         self.sim_time_total = 0.0  # simulated seconds of the rounds so far (with the system model)
         self.round_plan: RoundPlan | None = None  # the last round's availability (with the system model)
         self.next_round = 1
-        self.bytes_up_total = self.bytes_down_total = 0
+        self.traffic = Traffic()  # the last round's bytes
+        self.traffic_total = Traffic()
         self.client_accuracy = np.zeros(self.settings.num_clients)  # test accuracy (pers_acc); NaN: new client
         # further per-client columns, as measured: val_pers_acc, new_acc, pers_acc_ft, new_acc_ft
         self.client_metrics: dict[str, np.ndarray] = {}
@@ -158,23 +150,12 @@ class Federation:
             if settings.privacy is not None
             else None
         )
-        if self.privacy is not None:  # DP-SGD travels with the program (to every executor)
-            algorithm.program.sample_privacy = self.privacy.program_privacy()
         # --attack (engine.attacks): the malicious clients, the run's fixed seeded choice (their
         # data was poisoned when the run's data was built; model poisoning happens at the seam)
         attack = settings.attack
         self.attackers = choose_attackers(settings.seed, self.training_clients, attack.fraction) if attack else []
-        # --attack backdoor: each client's triggered test samples (``asr``); None: not measured
-        self.num_backdoor = np.asarray(num_backdoor) if num_backdoor is not None and any(num_backdoor) else None
         self.robust_stream: RobustAggregation | None = None  # --robust-agg: this round's rule (its record)
-
-    @property
-    def splits(self) -> tuple[str, ...]:
-        """The evaluation splits of the training clients: test, and val with a validation split."""
-        return ("test", "val") if self.num_val is not None else ("test",)
-
-    def split_sizes(self, split: str) -> np.ndarray:
-        return self.num_test if split == "test" else self.num_val  # type: ignore[return-value]
+        self.evaluator = Evaluator(algorithm, executor, settings, sets, self.training_clients, self.attackers)
 
     def sample_clients(self, round_index: int | None = None) -> list[int]:
         """M = ``sampled_per_round`` of the training clients (never a new client), sorted. With the
@@ -191,7 +172,7 @@ class Federation:
         (``Algorithm.streaming_aggregate``) each upload is folded in as it arrives and the
         returned updates keep no params (memory: the private states, not every upload)."""
         algorithm = self.algorithm
-        plan = self.plan_round(round_index, sampled) if self.system is not None else None
+        plan, dropped_down = self.plan_round(round_index, sampled) if self.system is not None else (None, 0)
         jobs = [
             ClientJob(
                 k,
@@ -203,11 +184,9 @@ class Federation:
             )
             for k in (sampled if plan is None else plan.training)
         ]
-        self._bytes_down = sum(tensor_bytes(job.received) for job in jobs)
-        self._bytes_up = 0
-        train = getattr(self.executor, "train_iter", self.executor.train)
-        arrivals: Any = zip(jobs, train(algorithm.program, jobs) if jobs else [])
-        if plan is not None:  # who reports (after training: a deadline, over-selection), and their bytes down
+        traffic = self.traffic = Traffic(down=sum(tensor_bytes(job.received) for job in jobs) + dropped_down)
+        arrivals: Any = zip(jobs, self.executor.train_iter(algorithm.program, jobs) if jobs else [])
+        if plan is not None:  # who reports (after training: a deadline, over-selection)
             arrivals = self.reporting(plan, list(arrivals))
         reporting = sampled if plan is None else plan.reported
         stream = self.aggregation(round_index, reporting)
@@ -217,7 +196,7 @@ class Federation:
                 algorithm.store.put(update.client_id, update.private)
             for observer in self.observers:
                 observer.on_client_update(job, update)
-            self._bytes_up += tensor_bytes(update.params)
+            traffic.up += tensor_bytes(update.params)
             check_finite(round_index, [update])  # before a non-finite upload is folded in
             if stream is not None:
                 stream.add(update)
@@ -262,9 +241,9 @@ class Federation:
             )
         return rule
 
-    def plan_round(self, round_index: int, sampled: list[int]) -> RoundPlan:
+    def plan_round(self, round_index: int, sampled: list[int]) -> tuple[RoundPlan, int]:
         """The system model's decisions before training (engine.availability): who drops out, who
-        trains and with how many steps; the dropouts' downloads count in bytes_down."""
+        trains and with how many steps; and the bytes the dropouts downloaded (they count)."""
         assert self.system is not None
         algorithm = self.algorithm
         received = {k: tensor_bytes(algorithm.broadcast(k)) for k in sampled}
@@ -272,9 +251,8 @@ class Federation:
             k: sum(phase.epochs for phase in algorithm.program.local_phases(k)) * self.num_train[k] for k in sampled
         }
         plan = self.system.plan(round_index, sampled, planned, received)
-        self._dropped_bytes_down = sum(received[k] for k in sampled if k not in set(plan.training))
         self.round_plan = plan
-        return plan
+        return plan, sum(received[k] for k in sampled if k not in set(plan.training))
 
     def reporting(
         self, plan: RoundPlan, arrivals: list[tuple[ClientJob, ClientUpdate]]
@@ -285,182 +263,8 @@ class Federation:
         assert self.system is not None
         trained = {job.client_id: (tensor_bytes(job.received), tensor_bytes(update.params)) for job, update in arrivals}
         self.system.report(plan, trained, self.settings.sampled_per_round)
-        self._bytes_down += self._dropped_bytes_down
         kept = set(plan.reported)
         return [(job, update) for job, update in arrivals if job.client_id in kept]
-
-    def evaluate(self, round_index: int = 0) -> tuple[dict[str, Any], np.ndarray]:
-        """Metrics of the training clients (``evaluate_clients``) and each client's test accuracy."""
-        metrics, columns = self.evaluate_clients(round_index)
-        return metrics, columns["pers_acc"]
-
-    def evaluate_clients(self, round_index: int = 0) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """Metrics over the training clients' test splits (and validation splits: ``val_*``), and
-        per client (NaN for new clients) ``pers_acc`` (and ``val_pers_acc``)."""
-        correct, global_correct = self.count_correct(round_index)
-        clients = self.training_clients
-        metrics: dict[str, Any] = {}
-        columns: dict[str, np.ndarray] = {}
-        for split in self.splits:
-            name = "pers_acc" if split == "test" else "val_pers_acc"
-            sizes = self.split_sizes(split)[clients]
-            metrics.update(accuracy_metrics(correct[split], sizes, name))
-            metrics[name.replace("pers_acc", "global_acc")] = None
-            if self.algorithm.has_global_model and global_correct.get(split) is not None:
-                # float32 division, as torch's mean over the per-sample hits gave it
-                hits = torch.tensor(float(global_correct[split].sum()), dtype=torch.float32)
-                metrics[name.replace("pers_acc", "global_acc")] = float(hits / int(sizes.sum()))
-            columns[name] = np.full(self.settings.num_clients, np.nan)
-            columns[name][clients] = correct[split] / sizes
-        return metrics, columns
-
-    def count_correct(self, round_index: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """Per split: correct predictions of each training client's evaluation model (in
-        ``training_clients`` order), and of the global model on each of them (where it has one)."""
-        algorithm, splits = self.algorithm, self.splits
-        clients = tuple(self.training_clients)
-        adaptation = algorithm.personalization_program()
-        if algorithm.clients_share_one_model() and adaptation is None:
-            model = algorithm.global_model()
-            results = self.executor.evaluate(algorithm.program, [EvalJob(model, clients, s) for s in splits])
-            shared = dict(zip(splits, results))
-            return shared, shared
-        correct: dict[str, np.ndarray] = {}
-        jobs: list[EvalJob] = []
-        if adaptation is None:  # the body once, each client's head on its samples, if it can
-            personal = [algorithm.personal_model(k) for k in clients]
-            evaluate_split = getattr(self.executor, "evaluate_split", None)
-            for split in splits:
-                heads = evaluate_split(algorithm.program, personal, clients, split) if evaluate_split else None
-                if heads is not None:
-                    correct[split] = heads
-                else:
-                    jobs.extend(EvalJob(state, (k,), split) for k, state in zip(clients, personal))
-            del personal
-        else:  # personalized once, evaluated on every split
-            correct = self.personalized_correct(adaptation, algorithm.personal_model, "personalize", round_index)
-        global_jobs = (
-            [EvalJob(algorithm.global_model(), clients, s) for s in splits] if algorithm.has_global_model else []
-        )
-        results = self.executor.evaluate(algorithm.program, jobs + global_jobs) if jobs or global_jobs else []
-        for split in splits:
-            if split not in correct:
-                correct[split] = np.concatenate([r for job, r in zip(jobs, results) if job.split == split])
-        global_correct = {job.split: r for job, r in zip(global_jobs, results[len(jobs) :])}
-        return correct, global_correct
-
-    def personalized_correct(
-        self,
-        program: ClientProgram,
-        model_of: Any,
-        stream: str,
-        round_index: int,
-        clients: Sequence[int] | None = None,
-        splits: Sequence[str] | None = None,
-    ) -> dict[str, np.ndarray]:
-        """Per split (default: the training clients' evaluation splits), correct predictions of
-        ``program`` run on ``model_of(k)`` over client k's train split, for each of ``clients``
-        (default: the training clients; through the executor, in chunks so memory stays
-        bounded). Each client is personalized once; the result is evaluated on every split."""
-        clients = self.training_clients if clients is None else list(clients)
-        splits = self.splits if splits is None else tuple(splits)
-        correct: dict[str, list[np.ndarray]] = {split: [] for split in splits}
-        with progress.stage(STAGE_NAMES.get(stream, stream), len(clients), "client") as shown:
-            for start in range(0, len(clients), PERSONALIZE_CHUNK):
-                chunk = clients[start : start + PERSONALIZE_CHUNK]
-                seeds = [derive_seed(self.settings.seed, stream, round_index, k) for k in chunk]
-                states = personalize(self.executor, program, [model_of(k) for k in chunk], chunk, seeds, round_index)
-                jobs = [EvalJob(state, (k,), split) for split in splits for state, k in zip(states, chunk)]
-                results = self.executor.evaluate(program, jobs)
-                for job, result in zip(jobs, results):
-                    correct[job.split].append(result)
-                shown.advance(len(chunk))
-        return {split: np.concatenate(parts) for split, parts in correct.items()}
-
-    def evaluate_new_clients(self, round_index: int) -> tuple[dict[str, float], np.ndarray]:
-        """``new_acc`` and its companions over the new clients, each served by the algorithm's
-        adaptation (``new_client_program`` run on ``new_client_model(k)`` over its train split,
-        or ``new_client_model(k)`` as it is) and tested on its test split; per client (NaN for
-        training clients) the accuracy."""
-        algorithm, clients = self.algorithm, self.new_clients
-        program = algorithm.new_client_program()
-        if program is not None:
-            model_of = algorithm.new_client_model
-            correct = self.personalized_correct(program, model_of, "adapt_new", round_index, clients, ("test",))
-            hits = correct["test"]
-        else:
-            states = [algorithm.new_client_model(k) for k in clients]
-            if varying_names(states) == []:  # one model for all of them (the global one)
-                (hits,) = self.executor.evaluate(algorithm.program, [EvalJob(states[0], tuple(clients))])
-            else:
-                jobs = [EvalJob(state, (k,)) for k, state in zip(clients, states)]
-                hits = np.concatenate(self.executor.evaluate(algorithm.program, jobs))
-        sizes = self.num_test[clients]
-        accuracy = np.full(self.settings.num_clients, np.nan)
-        accuracy[clients] = hits / sizes
-        return accuracy_metrics(hits, sizes, "new_acc"), accuracy
-
-    def evaluate_ood(self) -> dict[str, float]:
-        """``ood_acc``: accuracy on the held-out domain's samples (``--holdout-domain``) of the
-        global model; for an algorithm without one (``has_global_model`` False), the mean over the
-        training clients of their evaluation models' accuracy there (``personal_model(k)`` as it
-        is: the unseen domain has no labelled data to adapt on, so no personalization or
-        new-client program runs; every client sees the same samples, so the mean of the
-        accuracies is the pooled accuracy)."""
-        algorithm, clients = self.algorithm, self.training_clients
-        if algorithm.has_global_model:
-            job = EvalJob(algorithm.global_model(), (clients[0],), "ood")
-            (hits,) = self.executor.evaluate(algorithm.program, [job])
-            return {"ood_acc": float(hits.sum() / self.num_ood)}
-        correct = []
-        for start in range(0, len(clients), PERSONALIZE_CHUNK):  # bounded memory, like personalized_correct
-            chunk = clients[start : start + PERSONALIZE_CHUNK]
-            jobs = [EvalJob(algorithm.personal_model(k), (k,), "ood") for k in chunk]
-            correct.extend(self.executor.evaluate(algorithm.program, jobs))
-        return {"ood_acc": float(np.concatenate(correct).sum() / (self.num_ood * len(clients)))}
-
-    def evaluate_asr(self) -> dict[str, float]:
-        """``asr`` (``--attack backdoor``, engine.attacks): the fraction of the honest training
-        clients' triggered test samples (true class ≠ target, labelled with the target)
-        classified as the target, by the global model; for an algorithm without one, each honest
-        client's personal model on its own triggered samples, as it is (no personalization
-        program, as ``evaluate_ood``)."""
-        algorithm, clients = self.algorithm, [k for k in self.training_clients if k not in set(self.attackers)]
-        assert self.num_backdoor is not None
-        total = int(self.num_backdoor[clients].sum())
-        if algorithm.has_global_model:
-            (hits,) = self.executor.evaluate(
-                algorithm.program, [EvalJob(algorithm.global_model(), tuple(clients), "backdoor")]
-            )
-            return {"asr": float(hits.sum() / total)}
-        correct = []
-        for start in range(0, len(clients), PERSONALIZE_CHUNK):  # bounded memory, like personalized_correct
-            chunk = clients[start : start + PERSONALIZE_CHUNK]
-            jobs = [EvalJob(algorithm.personal_model(k), (k,), "backdoor") for k in chunk]
-            correct.extend(self.executor.evaluate(algorithm.program, jobs))
-        return {"asr": float(np.concatenate(correct).sum() / total)}
-
-    def finetune_metrics(self, round_index: int) -> dict[str, float]:
-        """``--finetune-epochs E`` (FedAvg-FT protocol): the global model fine-tuned for E epochs on
-        each client's train split (the run's local optimizer), tested on the client's test split:
-        ``pers_acc_ft`` over the training clients, ``new_acc_ft`` over the new clients."""
-        algorithm = self.algorithm
-        program = FineTuneProgram(algorithm.layout.trainable, self.settings.local, self.settings.finetune_epochs)
-        global_state: Tensors = algorithm.global_model()
-        metrics: dict[str, float] = {}
-        for name, clients in (("pers_acc_ft", self.training_clients), ("new_acc_ft", self.new_clients)):
-            if not clients:
-                continue
-            tuned = self.personalized_correct(
-                program, lambda k: global_state, "finetune", round_index, clients, ("test",)
-            )
-            hits = tuned["test"]
-            sizes = self.num_test[clients]
-            found = accuracy_metrics(hits, sizes, name)
-            metrics.update({name: found[name], f"{name}_weighted": found[f"{name}_weighted"]})
-            self.client_metrics[name] = np.full(self.settings.num_clients, np.nan)
-            self.client_metrics[name][clients] = hits / sizes
-        return metrics
 
     def run(self) -> np.ndarray:
         """The rounds from ``next_round`` on. Returns the final per-client accuracies; raises
@@ -470,21 +274,19 @@ class Federation:
             started = time.perf_counter()
             sampled = self.sample_clients(round_index)
             updates = self.train_round(round_index, sampled)  # trained, checked and aggregated
-            bytes_up, bytes_down = self._bytes_up, self._bytes_down
             if not _all_finite(algorithm.global_state):
                 raise Diverged(round_index, None, f"parameter {_first_non_finite(algorithm.global_state)}")
-            self.bytes_up_total += bytes_up
-            self.bytes_down_total += bytes_down
+            self.traffic_total.add(self.traffic)
             record: dict[str, Any] = {"round": round_index, "clients": sampled}
             if self.round_plan is not None:  # the system model: who reported, simulated time
                 self.sim_time_total += self.round_plan.sim_time
                 record.update(self.round_plan.record(), sim_time_cum=self.sim_time_total)
             record.update(mean_loss_terms(updates))
             record.update(
-                bytes_up=bytes_up,
-                bytes_down=bytes_down,
-                bytes_up_cum=self.bytes_up_total,
-                bytes_down_cum=self.bytes_down_total,
+                bytes_up=self.traffic.up,
+                bytes_down=self.traffic.down,
+                bytes_up_cum=self.traffic_total.up,
+                bytes_down_cum=self.traffic_total.down,
             )
             record.update(algorithm.round_diagnostics(updates) if updates else {})
             if self.privacy is not None:  # dp_epsilon (and the clip) after this round
@@ -496,23 +298,16 @@ class Federation:
             record["round_time_s"] = time.perf_counter() - started
             if round_index % settings.eval_every == 0 or round_index == settings.rounds:
                 eval_started = time.perf_counter()
-                metrics, columns = self.evaluate_clients(round_index)
+                metrics, columns = self.evaluator.evaluate(round_index)
                 self.client_accuracy = columns.pop("pers_acc")
                 self.client_metrics.update(columns)
-                record.update(metrics)
-                if self.new_clients:
-                    new_metrics, self.client_metrics["new_acc"] = self.evaluate_new_clients(round_index)
-                    record.update(new_metrics)
-                if self.num_ood:
-                    record.update(self.evaluate_ood())
-                if self.num_backdoor is not None:
-                    record.update(self.evaluate_asr())
-                record["eval_time_s"] = time.perf_counter() - eval_started
-            if round_index == settings.rounds and settings.finetune_epochs > 0 and algorithm.has_global_model:
+                record.update(metrics, eval_time_s=time.perf_counter() - eval_started)
+            finetuning = self.evaluator.finetuning
+            if round_index == settings.rounds and finetuning is not None:
                 finetune_started = time.perf_counter()
-                record.update(
-                    self.finetune_metrics(round_index), finetune_time_s=time.perf_counter() - finetune_started
-                )
+                metrics, columns = finetuning.measure(round_index)
+                self.client_metrics.update(columns)
+                record.update(metrics, finetune_time_s=time.perf_counter() - finetune_started)
             record["peak_mem_mb"] = peak_memory_mb(self.executor)
             self.next_round = round_index + 1
             for observer in self.observers:
@@ -531,8 +326,35 @@ def mean_loss_terms(updates: list[ClientUpdate]) -> dict[str, float]:
     return result
 
 
-def peak_memory_mb(executor: Any) -> float:
-    device = getattr(getattr(executor, "data", None), "device", torch.device("cpu"))
+def peak_memory_mb(executor: Executor) -> float:
+    device = executor.data.device
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class BuiltRun(Protocol):
+    """What ``federation_of`` reads of a prepared run (``runs.prepared.PreparedRun``)."""
+
+    algorithm: Algorithm
+    executor: Executor
+    data: FederatedData
+    partition: Partition
+    config: RunConfig
+
+
+def federation_of(run: BuiltRun, observers: Sequence[RunObserver] = ()) -> Federation:
+    """The round loop of a prepared run: its algorithm and executor, the sets its evaluation
+    protocols evaluate on. The one place a run's ``Federation`` is built: with ``--dp sample``
+    the run's DP-SGD setting is installed on the algorithm's program here, once, before any
+    executor ships it (it travels with the program, to every executor)."""
+    federation = Federation(
+        run.algorithm,
+        run.executor,
+        run.config.federation_spec,
+        EvaluationSets.of(run.data, run.partition),
+        observers,
+    )
+    if federation.privacy is not None:
+        run.algorithm.program.sample_privacy = federation.privacy.program_privacy()
+    return federation

@@ -13,7 +13,7 @@ FINETUNE_METRICS = ("pers_acc_ft", "pers_acc_ft_weighted", "new_acc_ft", "new_ac
 VAL_METRICS = tuple(f"val_{name}" for name in ACCURACY_METRICS)
 # --new-clients: the new clients, each with the model the algorithm serves it (its test split)
 NEW_CLIENT_METRICS = ("new_acc", "new_acc_weighted", "new_acc_std", "new_acc_worst10")
-# --holdout-domain: the held-out domain's samples (engine.federation.Federation.evaluate_ood)
+# --holdout-domain: the held-out domain's samples (engine.evaluator.HeldOutProtocol)
 OOD_METRICS = ("ood_acc",)
 # --attack backdoor: the attack success rate on triggered test inputs (engine.attacks)
 ATTACK_METRICS = ("asr",)

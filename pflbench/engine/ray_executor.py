@@ -23,7 +23,7 @@ import collections
 import copy
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,7 +33,7 @@ from torch import nn
 
 from pflbench.config.groups import ExecutorSpec
 from pflbench.data.dataset import FederatedData
-from pflbench.engine.algorithm import ClientProgram
+from pflbench.engine.algorithm import Algorithm, ClientProgram
 from pflbench.engine.executor import SequentialExecutor
 from pflbench.engine.types import ClientJob, ClientUpdate, EvalJob, Tensors
 from pflbench.errors import ConfigError
@@ -294,6 +294,13 @@ class RayExecutor:
                 submit(slot)
         return [result for chunk in results for result in chunk]
 
+    def check_algorithm(self, algorithm: Algorithm) -> None:
+        """Hosts every algorithm (each actor runs a ``SequentialExecutor``)."""
+
+    def train_iter(self, program: ClientProgram, jobs: Sequence[ClientJob]) -> Iterator[ClientUpdate]:
+        """The round's updates once every actor has returned its chunks (``train``)."""
+        return iter(self.train(program, jobs))
+
     def train(self, program: ClientProgram, jobs: Sequence[ClientJob]) -> list[ClientUpdate]:
         dicts = [d for job in jobs for d in (job.received, job.private)]
         store, packed = pack(dicts)
@@ -317,6 +324,12 @@ class RayExecutor:
     def evaluate(self, program: ClientProgram, jobs: Sequence[EvalJob]) -> list[np.ndarray]:
         store, packed = pack([job.state for job in jobs])
         return self._map("evaluate", program, [(p, tuple(j.client_ids), j.split) for p, j in zip(packed, jobs)], store)
+
+    def evaluate_split(
+        self, program: ClientProgram, states: Sequence[Tensors], clients: Sequence[int], split: str
+    ) -> np.ndarray | None:
+        """None: the actors evaluate each client's model (``evaluate``), as jobs."""
+        return None
 
     def after_submit(self, slot: int, chunk: list[tuple]) -> None:
         """Called after each call is submitted to actor ``slot`` (a seam for fault-injection tests)."""

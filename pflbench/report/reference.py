@@ -41,8 +41,8 @@ from pflbench.report.names import quantity
 from pflbench.report.plots import plot_curves
 from pflbench.report.render import FORMATS
 from pflbench.report.targets import MB, ROUNDS, parse_target, target_values
-from pflbench.store.layout import CONFIG_FILE
-from pflbench.store.reader import COLUMNS, find_run_folders, load_json, partition_of, read_run, run_identity
+from pflbench.store.layout import CONFIG_FILE, run_folder
+from pflbench.store.reader import COLUMNS, find_run_folders, load_json, partition_of, read_run, recorded_identity_hash
 from pflbench.util.atomic import atomic_write_json, atomic_write_text
 
 WORK_RECORD = "reference.json"  # the work folder's record (sweeps.reference writes it)
@@ -50,6 +50,7 @@ SUMMARY_METRICS = (
     "pers_acc",
     "pers_acc_last10",
     "pers_acc_worst10",
+    "pers_acc_weighted",  # pooled over every test sample (how PFLlib and others report accuracy)
     "new_acc",
     "global_acc",
     "val_pers_acc",
@@ -181,7 +182,7 @@ def write_artifacts(
                 {
                     **{k: cell[k] for k in KEY},
                     "run": cell["run"],
-                    "identity": run_identity(config),
+                    "identity": recorded_identity_hash(config),
                     "code": code.get("identity"),
                     "pflbench": code.get("pflbench"),
                     "git": code.get("git"),
@@ -433,8 +434,8 @@ def comparison_frame(
             folders += find_run_folders([path], warn)
         for where, record in found:  # a work folder: only its cells (not its tuning trials)
             for cell in record["cells"]:
-                if cell.get("run") and (where / "runs" / cell["run"]).is_dir():
-                    folder = where / "runs" / cell["run"]
+                if cell.get("run") and run_folder(where, cell["run"]).is_dir():
+                    folder = run_folder(where, cell["run"])
                     labelled[folder.resolve()] = cell["setting"]
                     folders.append(folder)
     rows: list[tuple[Any, ...]] = []

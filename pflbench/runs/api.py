@@ -8,7 +8,8 @@ from typing import Any
 from pflbench.config.run_config import RunConfig
 from pflbench.engine import RunObserver
 from pflbench.runs.execute import execute
-from pflbench.runs.prepare import prepare
+from pflbench.runs.inert import given_settings, refuse_inert
+from pflbench.runs.prepare import plan_run, prepare
 
 
 def run_experiment(
@@ -20,5 +21,8 @@ def run_experiment(
     force: bool = False,
     resume: bool = False,
 ) -> dict[str, Any]:
-    """Library entry point: prepare (resolving unset settings as the CLI does) and execute."""
-    return execute(prepare(config, algo_options), on_round, observers=observers, force=force, resume=resume)
+    """Library entry point: prepare (resolving unset settings as the CLI does) and execute. A
+    setting given (not at its default) that the run would not read is refused as by ``run``."""
+    plan = plan_run(config, algo_options)
+    refuse_inert(given_settings(config, algo_options), plan.config, plan.hparams)
+    return execute(prepare(plan), on_round, observers=observers, force=force, resume=resume)

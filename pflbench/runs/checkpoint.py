@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from pflbench.engine import Federation, Observer
+from pflbench.engine.federation import Traffic
 from pflbench.store.layout import OutputError, os_reason
 from pflbench.util.cache import json_safe, load_entry, save_entry, warn
 
@@ -50,8 +51,8 @@ def save_checkpoint(
         "before": before,
         "algorithm": algorithm_meta,
         "sampling_rng": federation.sampling_rng.bit_generator.state,
-        "bytes_up_total": federation.bytes_up_total,
-        "bytes_down_total": federation.bytes_down_total,
+        "bytes_up_total": federation.traffic_total.up,
+        "bytes_down_total": federation.traffic_total.down,
         "sim_time_total": federation.sim_time_total,  # the system model's clock (engine.availability)
         "client_accuracy": _floats(federation.client_accuracy),
         # --dp: the adaptive clip norm and each client's DP-SGD steps (the noise is derived per round)
@@ -76,7 +77,7 @@ def restore_checkpoint(federation: Federation, tensors: dict[str, Any], meta: di
     federation.algorithm.restore_state(tensors, meta["algorithm"])
     federation.sampling_rng.bit_generator.state = meta["sampling_rng"]
     federation.next_round = meta["next_round"]
-    federation.bytes_up_total, federation.bytes_down_total = meta["bytes_up_total"], meta["bytes_down_total"]
+    federation.traffic_total = Traffic(meta["bytes_up_total"], meta["bytes_down_total"])
     federation.sim_time_total = meta.get("sim_time_total", 0.0)
     federation.client_accuracy = _array(meta["client_accuracy"])
     if federation.privacy is not None and meta.get("privacy") is not None:

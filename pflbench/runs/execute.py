@@ -4,16 +4,15 @@ the saved models, and the folder moved into place as ``OUT/runs/NAME`` (``rundir
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from pflbench.config.identity import identity_hash, run_identity
 from pflbench.engine import Diverged, Federation, Observer, RunObserver
+from pflbench.engine.federation import federation_of
 from pflbench.engine.metrics import summarize
+from pflbench.engine.observer_hooks import installed_observers
 from pflbench.engine.observers import RoundCallback
 from pflbench.runs.checkpoint import CheckpointObserver
 from pflbench.runs.export import save_models
@@ -58,34 +57,6 @@ class RunDiverged(RuntimeError):
             f"run diverged at round {d['round']} ({where}{d['term']} is not finite); "
             f"partial results with status 'diverged' in {summary['run_dir']}"
         )
-
-
-class _KillAfterRound(Observer):
-    """Test hook (``PFLBENCH_TEST_KILL_AFTER_ROUND=r``): SIGKILL this process after round r."""
-
-    def __init__(self, round_index: int) -> None:
-        self.round = round_index
-
-    def on_round_end(self, record: dict[str, Any]) -> None:
-        if record["round"] == self.round:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
-def make_federation(prepared: PreparedRun, observers: Sequence[RunObserver] = ()) -> Federation:
-    """The round loop of a prepared run: its algorithm and executor, each client's test (and
-    validation) split sizes, the new clients held out of training."""
-    partition = prepared.partition
-    return Federation(
-        prepared.algorithm,
-        prepared.executor,
-        prepared.data.num_test,
-        prepared.config.federation_spec,
-        observers,
-        num_val=prepared.data.num_val if partition.has_val else None,
-        new_clients=partition.new_clients,
-        num_ood=len(partition.ood),
-        num_backdoor=prepared.data.num_backdoor,
-    )
 
 
 # clients.csv's per-client metric columns after pers_acc, in this order, where measured
@@ -159,7 +130,7 @@ def _execute_claimed(
     trackers: list[Any],
 ) -> dict[str, Any]:
     config = prepared.config
-    identity = identity_hash(run_identity(config, type(prepared.algorithm), prepared.algorithm.hparams))
+    identity = prepared.identity.hash
     done = read_json(paths.work / SUMMARY_FILE) if resume else None
     if (
         isinstance(done, dict)
@@ -168,8 +139,8 @@ def _execute_claimed(
     ):
         publish(paths)  # killed between writing summary.json and moving the folder into place
         return done
-    federation = make_federation(prepared)
-    writer, records, before = start_or_resume(prepared, federation, paths, identity, resume, plugins)
+    federation = federation_of(prepared)
+    writer, records, before = start_or_resume(prepared, federation, paths, resume, plugins)
     # trackers write into the work folder (tensorboard/), moved into place with the run
     at_work = SimpleNamespace(config=config, run_dir=paths.work, hparams=prepared.algorithm.hparams)
     trackers.extend(make_trackers(config.log, at_work, config.mlflow_uri))
@@ -177,13 +148,12 @@ def _execute_claimed(
     checkpointer = CheckpointObserver(
         paths.work / CHECKPOINT_FILE, federation, identity, config.checkpoint_every, writer, before, claim
     )
-    kill_after = os.environ.get("PFLBENCH_TEST_KILL_AFTER_ROUND")
     federation.observers = [
         WriterObserver(writer, records),
         checkpointer,
         *observers,
         *([RoundCallback(on_round)] if on_round else []),
-        *([_KillAfterRound(int(kill_after))] if kill_after else []),
+        *installed_observers(),  # last: they see each round written and checkpointed
     ]
     for observer in federation.observers:
         observer.on_run_start(prepared)
@@ -218,7 +188,7 @@ def _execute_claimed(
         raise RunDiverged(summary) from None
     finally:
         writer.close()
-        getattr(prepared.executor, "close", lambda: None)()  # e.g. Ray actors back to the pool
+        prepared.executor.close()  # e.g. Ray actors back to the pool
     report, client_columns = prepared.algorithm.final_report()
     writer.write_clients(client_rows(prepared, federation, client_accuracy, client_columns))
     summary = {

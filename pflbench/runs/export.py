@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from pflbench.config.identity import identity_hash, run_identity
+from pflbench.engine.evaluator import PERSONALIZE_CHUNK  # clients adapted (and held) at once, as the evaluation
 from pflbench.engine.executor import make_executor
 from pflbench.engine.personalize import personalize
 from pflbench.models.lora import lora_layers, parse_targets
@@ -57,12 +57,10 @@ from pflbench.store.writer import without_local_paths
 from pflbench.util.seeding import derive_seed
 
 SHARED_FILE = "shared.safetensors"
-PERSONALIZE_CHUNK = 64  # clients adapted (and held in memory) at once, as the engine's evaluation
 
 
 def models_meta(prepared: Any) -> dict[str, Any]:
     config, algorithm = prepared.config, prepared.algorithm
-    identity = run_identity(config, type(algorithm), algorithm.hparams)
     build = {"config": dataclasses.asdict(config), "algo_hparams": dataclasses.asdict(algorithm.hparams)}
     return {
         "format_version": MODELS_FORMAT_VERSION,
@@ -74,7 +72,7 @@ def models_meta(prepared: Any) -> dict[str, Any]:
         "input_shape": list(prepared.dataset.input_shape),
         "num_classes": prepared.dataset.num_classes,
         "rounds": config.rounds,
-        "identity_hash": identity_hash(identity),
+        "identity_hash": prepared.identity.hash,
         "has_global_model": bool(algorithm.has_global_model),
         "shared": sorted(algorithm.layout.shared),
         "private": sorted(algorithm.layout.private),
@@ -90,7 +88,7 @@ def evaluation_models(prepared: Any) -> Iterator[tuple[int, dict[str, torch.Tens
 
     A training client: ``algorithm.personal_model(k)`` (its ``pers_acc``), or, for an algorithm
     with a test-time adaptation (``personalization_program``), that program run from it on client
-    k's train split with the seeds of the final evaluation (``Federation.personalized_correct``:
+    k's train split with the seeds of the final evaluation (``engine.evaluator.Personalizer``:
     stream ``personalize``, round = the last one). A new client (``--new-clients``, held out of
     training): the model behind its ``new_acc``, ``new_client_program`` run from
     ``new_client_model(k)`` (stream ``adapt_new``), or that model as it is."""

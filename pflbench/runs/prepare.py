@@ -7,6 +7,7 @@ run is ``runs.execute.execute``; ``runs.api.run_experiment`` does both."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import torch
 
 from pflbench.config import lora
 from pflbench.config.defaults import model_family
-from pflbench.config.identity import partition_identity, run_identity, run_name
+from pflbench.config.identity import partition_identity
 from pflbench.config.run_config import RunConfig, hyperparameters_from, resolve, validate
 from pflbench.data.dataset import FederatedData, TensorDataset, load_dataset
 from pflbench.data.partition import fit_num_clients, make_partition
@@ -31,15 +32,16 @@ from pflbench.engine.attacks import (
     poison_data,
 )
 from pflbench.engine.capabilities import refusal
-from pflbench.engine.executor import make_executor
+from pflbench.engine.executor import check_executor, make_executor
 from pflbench.engine.privacy import check_privacy, check_private_algorithm
 from pflbench.engine.vmap import unsupported_reason
 from pflbench.errors import ConfigError
 from pflbench.models.pretrain import initial_weights, load_initial_weights
 from pflbench.models.zoo import build_model, check_model_name
 from pflbench.registry import ALGORITHMS
-from pflbench.runs.prepared import PreparedRun
+from pflbench.runs.prepared import PreparedRun, RunIdentity
 from pflbench.runs.trackers import check_trackers
+from pflbench.store.layout import run_folder
 from pflbench.util import progress
 from pflbench.util.precision import check_precision
 from pflbench.util.seeding import derive_seed
@@ -71,7 +73,11 @@ def check_model(config: RunConfig, algorithm_class: type[Algorithm], hparams: An
 @dataclass(frozen=True)
 class RunPlan:
     """A run resolved and validated against everything that needs no data: what ``prepare``
-    builds. ``config`` has every unset setting filled (``applied``: the values filled in)."""
+    builds. ``config`` has every unset setting filled (``applied``: the values filled in).
+
+    Planned once per run and passed along (a sweep's cell is planned when the grid is expanded;
+    its preflight and its preparation take that plan); ``identity`` is computed once, on the
+    fitted plan (``fitted``: the number of clients is part of it)."""
 
     config: RunConfig
     algorithm_class: type[Algorithm]
@@ -82,14 +88,21 @@ class RunPlan:
     def uses_lora(self) -> bool:
         return lora.is_lora_run(self.algorithm_class, self.config, self.hparams)
 
+    @functools.cached_property
+    def identity(self) -> RunIdentity:
+        """The run's identity (``num_clients`` fitted first: K is part of it), computed once."""
+        return RunIdentity.of(self.config, self.algorithm_class, self.hparams)
+
     @property
     def run_dir(self) -> Path:
         """The run's folder (``num_clients`` fitted first: K is part of the name's hash)."""
-        return Path(self.config.out) / "runs" / run_name(self.config, self.algorithm_class, self.hparams)
+        return run_folder(self.config.out, self.identity.name)
 
     def fitted(self, dataset: TensorDataset | Callable[[], TensorDataset]) -> RunPlan:
-        """This plan with the number of clients set by the one rule (``data.partition.fit_num_clients``)."""
-        return dataclasses.replace(self, config=fit_num_clients(self.config, dataset))
+        """This plan with the number of clients set by the one rule (``data.partition.fit_num_clients``);
+        this very plan (its identity kept) when it was fitted already."""
+        config = fit_num_clients(self.config, dataset)
+        return self if config == self.config else dataclasses.replace(self, config=config)
 
 
 def plan_run(
@@ -123,7 +136,7 @@ def plan_run(
         )
     if config.executor not in EXECUTORS:
         raise ConfigError(f"--executor {config.executor!r} is not one of: {', '.join(EXECUTORS)}")
-    getattr(EXECUTORS[config.executor], "check", lambda: None)()  # e.g. Ray installed
+    check_executor(config.executor)  # e.g. Ray installed
     if config.log:
         check_trackers(config.log)  # an unknown tracker or a missing library fails before any work
     check_precision(config.precision, resolve_device(config.device))  # bf16 on a device without it: refused
@@ -155,12 +168,13 @@ def preflight(plans: list[RunPlan]) -> None:
         if data_key not in datasets:
             datasets[data_key] = load_dataset(config.dataset, config.dataset_options())
         dataset = datasets[data_key]
-        config = plan.fitted(dataset).config
+        plan = plan.fitted(dataset)
+        config = plan.config
         partition_key = _key(data_key, partition_identity(config.partition_spec), config.seed)
         if partition_key not in seen:
             seen.add(partition_key)
             make_partition(config.partition_spec, dataset)
-        identity = run_identity(config, plan.algorithm_class, plan.hparams)
+        identity = plan.identity.settings
         model_parts = ("algo", "model", "model_options", "head_layers", "algo_hparams")
         model_key = _key(data_key, {k: v for k, v in identity.items() if k in model_parts or k.startswith("lora")})
         if model_key not in seen:
@@ -224,13 +238,11 @@ def prepare(
     check_attack_uploads(config.attack_spec, config.robust_spec, algorithm)  # Local: nothing to aggregate
     algorithm.client_domains = split.domain_labels  # partition.json's client_domains (IFCA scores its clusters)
     executor = make_executor(config.executor_spec, model, data)
-    check = getattr(executor, "check_algorithm", None)
-    if check is not None:  # an executor refuses what it cannot host now, not mid-run
-        check(algorithm)
+    executor.check_algorithm(algorithm)  # an executor refuses what it cannot host now, not mid-run
     tip = vmap_tip(config, algorithm, model, device)
     if tip is not None:
         progress.note(tip)
-    return PreparedRun(config, algorithm, executor, split, dataset, data, run_dir, resolved)
+    return PreparedRun(config, algorithm, executor, split, dataset, data, run_dir, resolved, plan.identity)
 
 
 def vmap_tip(config: RunConfig, algorithm: Algorithm, model: torch.nn.Module, device: torch.device) -> str | None:

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from pflbench._version import __version__
-from pflbench.config.identity import identity_hash, run_identity
 from pflbench.config.provenance import code_changes, code_record, recorded_code_identity
 from pflbench.engine import Federation
 from pflbench.registry import loaded_plugin_file
@@ -68,7 +67,6 @@ def config_record(prepared: PreparedRun, plugins: tuple[str, ...] = ()) -> dict[
     run was resolved, the code that computes it (``code``: ``config.provenance``), and the
     environment."""
     algorithm, config = prepared.algorithm, prepared.config
-    identity = run_identity(config, type(algorithm), algorithm.hparams)
     files, _ = plugin_files(plugins)
     code = code_record(config, files)
     model = prepared.executor.model
@@ -78,8 +76,8 @@ def config_record(prepared: PreparedRun, plugins: tuple[str, ...] = ()) -> dict[
     return {
         **dataclasses.asdict(config),
         "algo_hparams": dataclasses.asdict(algorithm.hparams),
-        "identity": identity,
-        "identity_hash": identity_hash(identity),
+        "identity": prepared.identity.settings,
+        "identity_hash": prepared.identity.hash,
         "plugins": [file["path"] for file in files],  # absolute: a rerun finds them from any folder
         "resolved": {
             "eval_every": config.resolved_eval_every,
@@ -110,7 +108,6 @@ def start_or_resume(
     prepared: PreparedRun,
     federation: Federation,
     paths: RunPaths,
-    identity: str,
     resume: bool,
     plugins: tuple[str, ...],
 ) -> tuple[RunWriter, list[dict[str, Any]], dict[str, Any]]:
@@ -130,7 +127,7 @@ def start_or_resume(
             resume = False
     elif checkpoint.is_file():
         warn(f"{paths.work} holds an unfinished run with a checkpoint; starting it over (--resume continues it)")
-    entry = load_checkpoint(checkpoint, identity) if resume and paths.work.is_dir() else None
+    entry = load_checkpoint(checkpoint, prepared.identity.hash) if resume and paths.work.is_dir() else None
     if entry is not None:
         tensors, meta = entry
         try:
@@ -156,6 +153,6 @@ def start_or_resume(
     writer.write_partition(prepared.partition.to_json())
     before: dict[str, Any] = {}
     if prepared.resolved["backbone"]["source"] != "random init":  # what fine-tuning starts from
-        metrics, _ = federation.evaluate()
+        metrics, _ = federation.evaluator.evaluate_clients()
         before = {"backbone_pers_acc": metrics["pers_acc"], "backbone_global_acc": metrics["global_acc"]}
     return writer, [], before

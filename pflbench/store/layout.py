@@ -72,6 +72,16 @@ class RunClaimed(ConfigError):
     """Another live process is running this run."""
 
 
+def runs_folder(out: str | Path) -> Path:
+    """``OUT/runs``: where the run folders of output folder ``out`` live."""
+    return Path(out) / RUNS_DIR
+
+
+def run_folder(out: str | Path, name: str) -> Path:
+    """``OUT/runs/NAME``: the (finished) folder of run ``name`` under output folder ``out``."""
+    return runs_folder(out) / name
+
+
 def os_reason(error: OSError) -> str:
     return error.strerror or str(error)
 

@@ -156,7 +156,7 @@ def setting_of(config: dict[str, Any]) -> dict[str, Any]:
     does not determine the numbers (output location, command, versions, ...):
     ``{"run": {...}, "algo_hparams": {...}}``."""
     axes = (*GRID_AXES, *PARTITION_KEYS, "algo_hparams")
-    if isinstance(config.get("identity"), dict):  # exactly the settings the run read (config.run_identity)
+    if isinstance(config.get("identity"), dict):  # the settings the run read (config.identity.identity_settings)
         identity = config["identity"]
         run = {k: v for k, v in identity.items() if k not in axes}
         return {"run": run, "algo_hparams": dict(identity.get("algo_hparams") or {})}
@@ -227,9 +227,10 @@ def _is_float(text: str) -> bool:
     return True
 
 
-def run_identity(config: dict[str, Any]) -> str:
-    """A hash of everything in ``config.json`` that determines the run's numbers (settings and
-    seed): two folders with the same identity hold the same run."""
+def recorded_identity_hash(config: dict[str, Any]) -> str:
+    """A hash of everything in a recorded ``config.json`` that determines the run's numbers
+    (settings and seed): two folders with the same identity hold the same run. (The run-folder
+    hash of a config being run is ``config.identity.identity_hash``.)"""
     if isinstance(config.get("identity"), dict):  # written by the runner: the settings it read
         return settings_hash(config["identity"])
     kept = {k: v for k, v in config.items() if k not in RUN_IDENTITY_EXCLUDED}
@@ -283,7 +284,7 @@ def read_run(
             raise ValueError(f"rounds.jsonl is larger than {MAX_ROUNDS_BYTES // 2**20} MiB")
         records = read_rounds(folder)
         key = json.dumps(setting_of(config), sort_keys=True, default=str)
-        identity = run_identity(config)
+        identity = recorded_identity_hash(config)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"rounds.jsonl is unreadable ({error})") from None
     except RecursionError:

@@ -17,7 +17,8 @@ from pflbench.config.run_config import RunConfig, field_types, hyperparameters_f
 from pflbench.data.dataset import load_dataset
 from pflbench.errors import ConfigError
 from pflbench.registry import ALGORITHMS, DATASETS
-from pflbench.runs.prepare import plan_run, preflight
+from pflbench.runs.prepare import RunPlan, plan_run, preflight
+from pflbench.store.layout import run_folder
 from pflbench.store.reader import partition_of
 from pflbench.util.threads import threads_per_job
 
@@ -49,7 +50,12 @@ class Grid:
 
 @dataclass
 class SweepRun:
-    """One cell of the grid: its config, algorithm options, the --set values it got, its folder name."""
+    """One cell of the grid: its config, algorithm options, the --set values it got, its folder
+    name, and its plan (``runs.prepare.RunPlan``, made when the grid was expanded: the grid's
+    preflight and the run's preparation take it, and its identity, rather than planning again).
+    A worker process (``--jobs``) gets the cell without its plan and plans it once there: the
+    plan holds the algorithm's classes, which a ``--plugin`` file registers in the worker only
+    once the worker has loaded it."""
 
     config: RunConfig
     algo_options: dict[str, Any]
@@ -60,10 +66,23 @@ class SweepRun:
     worker: str | None = None  # where a Ray sweep ran it: "hostname (node 1a2b3c4d)"
     code: str | None = None  # the code identity it would record now (``config.provenance``), once asked
     redo: str | None = None  # a finished run run again: "stale" (its code changed) or "forced" (--force)
+    plan: RunPlan | None = field(default=None, repr=False, compare=False)
+    applied: dict[str, Any] | None = field(default=None, repr=False, compare=False)  # the plan's, in a worker
+
+    def __getstate__(self) -> dict[str, Any]:
+        # to a worker: the plan's filled-in values travel (config.json records them), not the plan
+        return {**self.__dict__, "plan": None, "applied": self.plan.applied if self.plan else self.applied}
+
+    def planned(self) -> RunPlan:
+        """The cell's plan (planned here only in a worker process, which got the cell without it)."""
+        if self.plan is None:
+            plan = plan_run(self.config, self.algo_options)
+            self.plan = plan if self.applied is None else dataclasses.replace(plan, applied=self.applied)
+        return self.plan
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.config.out) / "runs" / self.name
+        return run_folder(self.config.out, self.name)
 
     @property
     def partition(self) -> str:
@@ -225,16 +244,16 @@ def expand_grid(base: RunConfig, grid: Grid, jobs: int = 1) -> list[SweepRun]:
     for config, _, run_values, algo_values in cells:
         plan = plan_run(config, algo_values, lora.RUN_DEFAULTS if any_lora else None)  # as a single run
         plan = plan.fitted(dataset_of(plan.config))  # the run's name holds K
-        runs.setdefault(
-            plan.run_dir.name, SweepRun(plan.config, algo_values, {**run_values, **algo_values}, plan.run_dir.name)
-        )
+        name = plan.identity.name
+        overrides = {**run_values, **algo_values}
+        runs.setdefault(name, SweepRun(plan.config, algo_values, overrides, name, plan=plan))
     return list(runs.values())
 
 
 def check_grid(runs: list[SweepRun]) -> None:
     """The grid's preflight (``runs.prepare.preflight``): each distinct dataset, partition and
     model built once without training, so bad options refuse the grid before any folder exists."""
-    preflight([plan_run(run.config, run.algo_options) for run in runs])
+    preflight([run.planned() for run in runs])
 
 
 TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes", "on"), ("false", "0", "no", "off")

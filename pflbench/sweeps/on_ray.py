@@ -45,7 +45,6 @@ from pflbench.runs.execute import execute
 from pflbench.runs.prepare import prepare
 from pflbench.store.layout import (
     ERROR_FILE,
-    RUNS_DIR,
     SUMMARY_FILE,
     Claim,
     RunClaimed,
@@ -57,6 +56,7 @@ from pflbench.store.layout import (
     writing,
 )
 from pflbench.store.writer import without_local_paths, write_json
+from pflbench.sweeps.grid import SweepRun
 from pflbench.sweeps.one import mark_redo, replaces_result
 from pflbench.sweeps.parallel import dispatch_order
 from pflbench.sweeps.record import SweepRecord
@@ -136,9 +136,7 @@ def _process_alive(pid: int) -> bool:
 
 
 def run_task(
-    config: RunConfig,
-    algo_options: dict[str, Any],
-    name: str,
+    run: SweepRun,
     plugin_sources: list[tuple[str, bytes]],
     plugins: tuple[str, ...],
     argv: list[str],
@@ -151,17 +149,17 @@ def run_task(
     import torch
 
     torch.set_num_threads(max(1, threads))
-    out_run_dir = Path(config.out) / RUNS_DIR / name  # where the driver will put it
+    out_run_dir = run.run_dir  # where the driver will put it
     node = ray.get_runtime_context().get_node_id()
     worker = f"{socket.gethostname()} (node {node[:8]})"
     result: dict[str, Any] = {"status": "done", "summary": None, "error": None, "files": {}, "worker": worker}
     remove_orphaned_run_folders()
     with tempfile.TemporaryDirectory(prefix=f"{RUN_FOLDER_PREFIX}{os.getpid()}-") as temporary:
-        run_dir = Path(temporary) / name
+        run_dir = Path(temporary) / run.name
         saved_argv, sys.argv = sys.argv, list(argv)  # config.json records the driver's command
         try:
             _load_plugins(plugin_sources)
-            prepared = prepare(config, algo_options)
+            prepared = prepare(run.planned())
             prepared.run_dir = run_dir
             summary = execute(prepared, plugins=plugins)
             summary["run_dir"] = str(out_run_dir)
@@ -286,11 +284,7 @@ def run_sweep_on_ray(
     try:
         claims = claim_runs(runs, report)
         for index, run in dispatch_order([(i, runs[i]) for i in claims]):  # Ray starts tasks in submission order
-            pending[
-                task.remote(
-                    run.config, run.algo_options, run.name, sources, plugins, sys.argv, max(1, int(cpus_per_run))
-                )
-            ] = index
+            pending[task.remote(run, sources, plugins, sys.argv, max(1, int(cpus_per_run)))] = index
         sweep_record = SweepRecord(record, grid, base, runs)
         sweep_record.update(force=True)
         while pending:

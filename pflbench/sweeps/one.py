@@ -83,7 +83,7 @@ def run_one(run: SweepRun, plugins: tuple[str, ...], observers: Sequence[RunObse
     paths = RunPaths(run.run_dir)
     replaces = replaces_result(run) if run.redo else None
     guard = lambda run_dir: guard_run(RunPaths(run_dir), force=False, replaces=replaces)  # noqa: E731
-    prepared = prepare(run.config, run.algo_options, guard=guard)
+    prepared = prepare(run.planned(), guard=guard)
     # past the guard, a finished result here is one to replace (published only once the new run completes)
     return execute(prepared, plugins=plugins, observers=observers, resume=True, force=paths.finished() is not None)
 

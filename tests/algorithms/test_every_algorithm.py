@@ -11,6 +11,7 @@ import pytest
 from pflbench.config.run_config import RunConfig
 from pflbench.registry import ALGORITHMS
 from pflbench.runs.api import run_experiment
+from pflbench.sweeps.reference import is_lora_only
 from pflbench.testing import ALGORITHM_OVERRIDES as OVERRIDES
 
 # The device and precision every algorithm runs on here: the CPU in CI; on a GPU machine
@@ -22,10 +23,11 @@ PRECISION = os.environ.get("PFLBENCH_TEST_PRECISION", "fp32")
 
 @pytest.mark.parametrize("algo", ALGORITHMS.names())
 def test_every_algorithm_runs_two_rounds(algo: str, tmp_path) -> None:
-    # LoRA algorithms (FlexLoRA, FedSDG) adapt the mlp's hidden layers on its random frozen body;
-    # the two LoRA settings change nothing for the others. Adam: FedSDG always uses it. One of the
+    # LoRA algorithms (FlexLoRA, FedSDG) adapt the mlp's hidden layers on its random frozen body. Adam: FedSDG always uses it. One of the
     # 4 clients is new (--new-clients): never trained, served by the algorithm's adaptation.
     settings = {"model": "mlp", "optimizer": "adam", "lr": 0.01, **OVERRIDES.get(algo, {})}
+    if is_lora_only(algo):  # the LoRA settings only where they are read: elsewhere they are refused
+        settings |= {"lora_targets": "fc1,fc2", "backbone": "random"}
     config = RunConfig(
         algo=algo,
         dataset="digits",
@@ -34,8 +36,6 @@ def test_every_algorithm_runs_two_rounds(algo: str, tmp_path) -> None:
         rounds=2,
         alpha=0.5,
         out=str(tmp_path),
-        lora_targets="fc1,fc2",
-        backbone="random",
         device=DEVICE,
         precision=PRECISION,
         **settings,

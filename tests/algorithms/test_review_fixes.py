@@ -20,7 +20,7 @@ from pflbench.algorithms.perfedavg import (
     finite_difference_hessian_vector,
 )
 from pflbench.algorithms.pfedme import PFedMe, PFedMeHyperparameters, pfedme_inner_solve
-from pflbench.config.identity import run_identity
+from pflbench.config.identity import identity_settings
 from pflbench.config.run_config import RunConfig, resolve
 from pflbench.engine import ClientUpdate
 from pflbench.errors import ConfigError
@@ -97,11 +97,11 @@ def test_perfedavg_hvp_option_changes_hf_runs_only(tmp_path):
     exact = run_experiment(RunConfig(**settings, out=str(tmp_path / "e")))
     finite = run_experiment(RunConfig(**settings, out=str(tmp_path / "f")), {"hvp": "finite-difference"})
     assert exact["final_train_loss"] != finite["final_train_loss"]
-    fo = [
-        run_experiment(RunConfig(**settings, out=str(tmp_path / f"fo{i}")), {"variant": "fo", "hvp": hvp})
-        for i, hvp in enumerate(("exact", "finite-difference"))
-    ]
-    assert fo[0]["pers_acc"] == fo[1]["pers_acc"] and fo[0]["final_train_loss"] == fo[1]["final_train_loss"]
+    # --variant fo takes no Hessian-vector product: --hvp is inert there, so it is refused, not ignored
+    for hvp in ("exact", "finite-difference"):
+        with pytest.raises(ConfigError, match="--hvp .* would be ignored: --variant fo"):
+            run_experiment(RunConfig(**settings, out=str(tmp_path / "fo")), {"variant": "fo", "hvp": hvp})
+    assert not (tmp_path / "fo").exists()
 
 
 # ---- pFedMe: the authors' μ·θ term ----------------------------------------------------------
@@ -124,12 +124,12 @@ def test_pfedme_inner_step_adds_mu_theta_only_when_asked():
 
 def test_options_left_at_their_default_keep_the_run_identity():
     config, _ = resolve(RunConfig(**TINY, algo="pfedme"), PFedMe, PFedMeHyperparameters())
-    identity = run_identity(config, PFedMe, PFedMeHyperparameters())
+    identity = identity_settings(config, PFedMe, PFedMeHyperparameters())
     assert "inner_mu" not in identity["algo_hparams"]
-    assert run_identity(config, PFedMe, PFedMeHyperparameters(inner_mu=0.001))["algo_hparams"]["inner_mu"] == 0.001
-    lg = run_identity(config, LGFedAvg, LGFedAvgHyperparameters())
+    assert identity_settings(config, PFedMe, PFedMeHyperparameters(inner_mu=0.001))["algo_hparams"]["inner_mu"] == 0.001
+    lg = identity_settings(config, LGFedAvg, LGFedAvgHyperparameters())
     assert lg["algo_hparams"] == {}  # as before the options existed (no hyperparameters)
-    assert run_identity(config, LGFedAvg, LGFedAvgHyperparameters(warmup_rounds=3))["algo_hparams"] == {
+    assert identity_settings(config, LGFedAvg, LGFedAvgHyperparameters(warmup_rounds=3))["algo_hparams"] == {
         "warmup_rounds": 3
     }
 
@@ -212,9 +212,9 @@ def test_fedsdg_private_init_notes_by_default_authors_on_request():
 
 def test_fedsdg_new_options_at_their_default_keep_the_run_identity():
     config, _ = resolve(RunConfig(**FEDSDG), FedSDG, FedSDGHyperparameters())
-    identity = run_identity(config, FedSDG, FedSDGHyperparameters())
+    identity = identity_settings(config, FedSDG, FedSDGHyperparameters())
     assert "private_init" not in identity["algo_hparams"] and identity["algo_hparams"]["server_agg"] == "alignment"
-    authors = run_identity(config, FedSDG, FedSDGHyperparameters(private_init="authors"))
+    authors = identity_settings(config, FedSDG, FedSDGHyperparameters(private_init="authors"))
     assert authors["algo_hparams"]["private_init"] == "authors"
 
 

@@ -59,9 +59,11 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (("run", "--help"), ("[default: 0.5]", "--mu", "fedprox: 0.01", "--head-epochs")),
-        (("sweep", "--help"), ("--algos", "--mu", "fedprox: 0.01")),
-        (("tune", "--help"), ("--space", "--objective", "--allow-test-selection", "--mu")),
+        (("run", "--help"), ("[default: 0.5]", "--algo NAME --help")),
+        (("run", "--algo", "fedprox", "--help"), ("  --mu ", "[default: 0.01]")),
+        (("run", "--help-all"), ("  --mu ", "Options of fedprox:", "--head-epochs")),
+        (("sweep", "--algos", "fedprox", "--help"), ("--algos", "  --mu ", "[default: 0.01]")),
+        (("tune", "--algos", "fedprox", "--help"), ("--space", "--objective", "--allow-test-selection", "  --mu ")),
         (("run", "--algo", "fedrep", "--help"), ("--head-epochs",)),
         (("list",), ("fedprox", "digits")),
         (("list", "algorithms"), ("scaffold",)),

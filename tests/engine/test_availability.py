@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from pflbench.cli import cli
 from pflbench.config.groups import AvailabilitySpec
-from pflbench.config.identity import run_identity, run_name
+from pflbench.config.identity import identity_settings, run_name
 from pflbench.config.run_config import RunConfig, resolve
 from pflbench.engine import Observer, tensor_bytes
 from pflbench.engine.availability import (
@@ -165,10 +165,10 @@ def test_off_by_default_changes_nothing() -> None:
     hparams = algorithm.hyperparameters()
     config, _ = resolve(RunConfig(**TINY), algorithm, hparams)
     assert not config.availability_spec.active
-    identity = run_identity(config, algorithm, hparams)
+    identity = identity_settings(config, algorithm, hparams)
     assert not {"dropout", "availability", "straggler_model", "deadline", "over_select", "sample_time"} & set(identity)
     with_dropout = dataclasses.replace(config, dropout=0.1)
-    assert run_identity(with_dropout, algorithm, hparams)["dropout"] == 0.1
+    assert identity_settings(with_dropout, algorithm, hparams)["dropout"] == 0.1
     assert run_name(with_dropout, algorithm, hparams) != run_name(config, algorithm, hparams)
     server = harness()
     assert server.federation.system is None
@@ -201,8 +201,8 @@ def test_dropped_clients_send_nothing_and_keep_their_state() -> None:
         server.federation.train_round(round_index, sampled)
         plan = server.federation.round_plan
         assert plan is not None and sorted(plan.reported + plan.dropped_out) == sampled
-        assert server.federation._bytes_up == len(plan.reported) * upload
-        assert server.federation._bytes_down == len(sampled) * upload
+        assert server.federation.traffic.up == len(plan.reported) * upload
+        assert server.federation.traffic.down == len(sampled) * upload
         assert sorted(job.client_id for job, _ in observer.seen) == plan.reported
         observer.seen.clear()
         for k in plan.dropped_out:

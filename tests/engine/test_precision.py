@@ -22,7 +22,7 @@ from torch import nn
 from pflbench import ClientProgram
 from pflbench.cli import cli
 from pflbench.config import run_config
-from pflbench.config.identity import run_identity
+from pflbench.config.identity import identity_settings
 from pflbench.config.run_config import RunConfig
 from pflbench.data.dataset import FederatedData, TensorDataset
 from pflbench.engine.evaluation import evaluate_heads, head_split
@@ -33,6 +33,7 @@ from pflbench.models.pretrain import backbone_key
 from pflbench.registry import ALGORITHMS
 from pflbench.runs.api import run_experiment
 from pflbench.runs.prepare import plan_run, prepare
+from pflbench.sweeps.reference import is_lora_only
 from pflbench.testing import ALGORITHM_OVERRIDES, Harness
 from pflbench.util import precision as precision_module
 from pflbench.util.precision import autocast, check_precision, eval_batch
@@ -128,7 +129,7 @@ def test_fp32_keeps_the_folder_and_never_enters_autocast(tmp_path: Path, monkeyp
     config = dataclasses.replace(BASE, out=str(tmp_path))
     plan = plan_run(config)
     assert plan.run_dir.name == FOLDER_BEFORE_PRECISION
-    assert "precision" not in run_identity(plan.config, plan.algorithm_class, plan.hparams)
+    assert "precision" not in identity_settings(plan.config, plan.algorithm_class, plan.hparams)
     explicit = plan_run(dataclasses.replace(config, precision="fp32"))
     assert explicit.run_dir == plan.run_dir
 
@@ -156,7 +157,7 @@ def test_bf16_runs_end_to_end_close_to_fp32(name: str, settings: dict, algo_opti
     saved = json.loads((bf16_dir / "config.json").read_text())
     assert saved["precision"] == "bf16" or saved.get("config", {}).get("precision") == "bf16"
     plan = plan_run(dataclasses.replace(config, precision="bf16"))
-    assert run_identity(plan.config, plan.algorithm_class, plan.hparams)["precision"] == "bf16"
+    assert identity_settings(plan.config, plan.algorithm_class, plan.hparams)["precision"] == "bf16"
     assert bf16["train_loss"] != fp32["train_loss"]  # autocast did run
     assert abs(bf16["train_loss"] - fp32["train_loss"]) < 0.05 * fp32["train_loss"]
     assert abs(bf16["pers_acc"] - fp32["pers_acc"]) < 0.05, (bf16["pers_acc"], fp32["pers_acc"])
@@ -330,8 +331,9 @@ def test_every_linear_forward_of_a_bf16_run_is_autocast(algo: str, tmp_path) -> 
             outside.append(type(module).__name__)
 
     settings = {"optimizer": "adam", "lr": 0.01, **ALGORITHM_OVERRIDES.get(algo, {})}
+    lora_settings = LORA if is_lora_only(algo) else {}  # refused as inert where no LoRA trains
     config = dataclasses.replace(
-        BASE, algo=algo, precision="bf16", new_clients=0.25, out=str(tmp_path), **LORA, **settings
+        BASE, algo=algo, precision="bf16", new_clients=0.25, out=str(tmp_path), **lora_settings, **settings
     )
     handle = torch.nn.modules.module.register_module_forward_hook(watch)
     try:

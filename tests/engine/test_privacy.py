@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from pflbench.cli import cli
 from pflbench.config.groups import AvailabilitySpec
-from pflbench.config.identity import run_identity, run_name
+from pflbench.config.identity import identity_settings, run_name
 from pflbench.config.run_config import RunConfig
 from pflbench.engine import ClientUpdate, Observer
 from pflbench.engine.privacy import (
@@ -282,10 +282,10 @@ def test_off_by_default_changes_nothing() -> None:
     config = plan_run(RunConfig(**TINY)).config
     algorithm = ALGORITHMS.get("fedavg")
     hparams = algorithm.hyperparameters()
-    identity = run_identity(config, algorithm, hparams)
+    identity = identity_settings(config, algorithm, hparams)
     assert config.privacy_spec is None and not any(key.startswith("dp") for key in identity)
     private = dataclasses.replace(config, dp="client")
-    assert run_identity(private, algorithm, hparams)["dp"] == "client"
+    assert identity_settings(private, algorithm, hparams)["dp"] == "client"
     assert run_name(private, algorithm, hparams) != run_name(config, algorithm, hparams)
     server = harness()
     assert server.federation.privacy is None and server.program.sample_privacy is None

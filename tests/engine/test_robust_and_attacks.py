@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from pflbench.cli import cli
 from pflbench.config.groups import AttackSpec, RobustSpec
-from pflbench.config.identity import run_identity, run_name
+from pflbench.config.identity import identity_settings, run_name
 from pflbench.config.run_config import RunConfig
 from pflbench.data.dataset import TensorDataset
 from pflbench.engine import ClientUpdate, Observer
@@ -256,14 +256,14 @@ def test_off_by_default_changes_nothing() -> None:
     config = plan_run(RunConfig(**TINY)).config
     algorithm = ALGORITHMS.get("fedavg")
     hparams = algorithm.hyperparameters()
-    identity = run_identity(config, algorithm, hparams)
+    identity = identity_settings(config, algorithm, hparams)
     assert config.attack_spec is None and config.robust_spec is None
     assert not {"attack", "attackers", "robust_agg", "trim_frac", "krum_f", "norm_bound"} & set(identity)
     attacked = dataclasses.replace(config, robust_agg="median")
-    assert run_identity(attacked, algorithm, hparams)["robust_agg"] == "median"
+    assert identity_settings(attacked, algorithm, hparams)["robust_agg"] == "median"
     assert run_name(attacked, algorithm, hparams) != run_name(config, algorithm, hparams)
     server = harness()
-    assert server.federation.attackers == [] and server.federation.num_backdoor is None
+    assert server.federation.attackers == [] and server.federation.evaluator.sets.num_backdoor is None
     records: list[dict] = []
     server.run(records.append)
     assert not {"attackers", "asr", "robust_selected"} & set(records[-1])

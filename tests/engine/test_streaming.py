@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from pflbench.config.run_config import RunConfig
-from pflbench.engine import Federation, Observer, sample_weights, weighted_average
+from pflbench.engine import Observer, sample_weights, weighted_average
+from pflbench.engine.federation import federation_of
 from pflbench.runs.prepare import prepare
 
 
@@ -25,9 +26,7 @@ def test_streamed_average_is_bit_identical_and_uploads_are_not_held(tmp_path) ->
     algorithm = prepared.algorithm
     assert algorithm.streaming_aggregate([1]) is not None
     seen = Uploads()
-    federation = Federation(
-        algorithm, prepared.executor, prepared.data.num_test, prepared.config.federation_spec, [seen]
-    )
+    federation = federation_of(prepared, [seen])
     kept = federation.train_round(1, federation.sample_clients())
     assert all(not update.params for update in kept) and len(seen.updates) == 5
     expected = weighted_average([u.params for u in seen.updates], sample_weights(seen.updates))

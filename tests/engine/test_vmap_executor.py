@@ -29,8 +29,8 @@ BASE = RunConfig(
     batch_size=16,
     lr=0.05,
     backbone="random",
-    lora_targets="fc1,fc2",
 )
+LORA = {"lora_targets": "fc1,fc2"}  # LoRA on the mlp's layers (given only to LoRA runs: elsewhere it is inert)
 
 
 def rounds(config: RunConfig, algo_options: dict | None = None) -> list[dict]:
@@ -56,10 +56,10 @@ CASES = {
     "fedper": ("fedper", {"rounds": 2}, {}),  # private heads carried across rounds
     "fedrep": ("fedrep", {"rounds": 2}, {"head_epochs": 2}),
     "fedper_cnn": ("fedper", {"model": "cnn"}, {}),
-    "fedavg_lora": ("fedavg", {"lora_rank": 2, "optimizer": "adam", "lr": 0.003}, {}),
-    "fedsdg": ("fedsdg", {"optimizer": "adam", "lr": 0.01}, {}),
+    "fedavg_lora": ("fedavg", {"lora_rank": 2, "optimizer": "adam", "lr": 0.003, **LORA}, {}),
+    "fedsdg": ("fedsdg", {"optimizer": "adam", "lr": 0.01, **LORA}, {}),
     # per-client ranks 1 and 2 (zero-padded to 2, scaling α/r_k per client under vmap)
-    "flexlora_ranks": ("flexlora", {"optimizer": "adam", "lr": 0.01, "rounds": 2}, {"rank_dist": "1,2,1,2"}),
+    "flexlora_ranks": ("flexlora", {"optimizer": "adam", "lr": 0.01, "rounds": 2, **LORA}, {"rank_dist": "1,2,1,2"}),
     # timm's ViT: its fused attention runs unfused under vmap (no batching rule), fused sequentially
     "fedavg_lora_vit": (
         "fedavg",
@@ -69,6 +69,7 @@ CASES = {
             "lora_rank": 2,
             "optimizer": "adam",
             "lr": 0.003,
+            **LORA,
         },
         {},
     ),

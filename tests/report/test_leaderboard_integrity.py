@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from pflbench.cli import cli
 from pflbench.report.leaderboard import cells, pivot
 from pflbench.report.render import to_html, to_markdown
-from pflbench.store.reader import load_runs, run_identity
+from pflbench.store.reader import load_runs, recorded_identity_hash
 
 
 def _sibling(name: str):
@@ -56,7 +56,7 @@ def test_a_copied_or_renamed_folder_is_not_a_second_seed(tmp_path: Path) -> None
         "versions": {"torch": "9"},
         "resolved": {"eval_every": 1},
     }
-    assert run_identity(moved) == run_identity(config)
+    assert recorded_identity_hash(moved) == recorded_identity_hash(config)
     (elsewhere / "runs" / first.name / "config.json").write_text(json.dumps(moved))
     frame, messages = collect([tmp_path, elsewhere])
     assert frame["run"].nunique() == 2
@@ -230,7 +230,7 @@ def test_cells_of_a_run_with_no_value_are_not_ranked(tmp_path: Path) -> None:
 
 def test_of_several_copies_the_runner_named_folder_is_kept(tmp_path: Path) -> None:
     made = write_run(tmp_path, "fedavg", 0.1, 0, 0.80, 0.7)
-    identity = run_identity(json.loads((made / "config.json").read_text()))
+    identity = recorded_identity_hash(json.loads((made / "config.json").read_text()))
     named = made.with_name(f"fedavg__digits__a0.1__s0__{identity[:8]}")
     made.rename(named)
     shutil.copytree(named, tmp_path / "runs" / "a copy")  # sorts first

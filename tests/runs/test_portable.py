@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pflbench.config.identity import run_identity
+from pflbench.config.identity import identity_settings
 from pflbench.config.run_config import RunConfig, resolve
 from pflbench.registry import ALGORITHMS
 from pflbench.runs.api import run_experiment
@@ -38,5 +38,5 @@ def test_a_portable_run_writes_no_absolute_path_and_keeps_its_identity(tmp_path:
     config = json.loads((folder / "config.json").read_text())
     fedavg = ALGORITHMS.get("fedavg")
     resolved, _ = resolve(RunConfig(**settings, portable=True), fedavg, fedavg.hyperparameters())
-    assert "portable" not in run_identity(resolved, fedavg, fedavg.hyperparameters())
+    assert "portable" not in identity_settings(resolved, fedavg, fedavg.hyperparameters())
     assert config["portable"] is True

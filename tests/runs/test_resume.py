@@ -2,7 +2,7 @@
 with the same rounds.jsonl, summary.json and clients.csv (timings aside) as an uninterrupted run,
 for every built-in algorithm.
 
-The kill: ``PFLBENCH_TEST_KILL_AFTER_ROUND=3`` makes the process SIGKILL itself after round 3
+The kill: ``pflbench.testing.kill_after_round(3)`` makes the process SIGKILL itself after round 3
 (the checkpoint is at round 2, so round 3's rounds.jsonl line must be dropped on resume). The
 killed process is a fork of the test process (no second torch import); one test goes through
 the CLI in a fresh subprocess.
@@ -92,8 +92,10 @@ def cli_args(config: RunConfig) -> list[str]:
     return args
 
 
-def run_cli(args: list[str], **env: str) -> subprocess.CompletedProcess:
+def run_cli(args: list[str], kill_after: int | None = None, **env: str) -> subprocess.CompletedProcess:
     code = "import sys; from pflbench.cli import main; sys.argv[0] = 'pflbench'; main()"
+    if kill_after is not None:  # the test hook, installed in the fresh interpreter
+        code = f"from pflbench.testing import kill_after_round; kill_after_round({kill_after}); {code}"
     return subprocess.run(
         [sys.executable, "-c", code, *args],
         capture_output=True,
@@ -119,7 +121,7 @@ def test_sigkilled_run_resumes_to_identical_results(algo: str, tmp_path: Path) -
     killed_out, whole_out = tmp_path / "killed", tmp_path / "whole"
     config = tiny(algo, killed_out)
     if algo == "fedavg":  # through the CLI, in a fresh interpreter
-        killed = run_cli(cli_args(config), PFLBENCH_TEST_KILL_AFTER_ROUND="3")
+        killed = run_cli(cli_args(config), kill_after=3)
         assert killed.returncode == -signal.SIGKILL, killed.stderr
     else:
         killed_after_round(3, lambda: run_experiment(config))

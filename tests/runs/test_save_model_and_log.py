@@ -12,7 +12,7 @@ import torch
 from click.testing import CliRunner
 
 from pflbench.cli import cli
-from pflbench.config.identity import run_identity
+from pflbench.config.identity import identity_settings
 from pflbench.config.run_config import RunConfig
 from pflbench.models.saving import load_run_models
 from pflbench.models.zoo import build_model
@@ -210,4 +210,4 @@ def test_save_model_and_log_are_not_part_of_the_identity() -> None:
         log=("tensorboard",),
         mlflow_uri="sqlite:///x.db",
     )
-    assert run_identity(plain, algorithm, hparams) == run_identity(extra, algorithm, hparams)
+    assert identity_settings(plain, algorithm, hparams) == identity_settings(extra, algorithm, hparams)

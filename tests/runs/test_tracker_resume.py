@@ -42,8 +42,9 @@ def tiny(out: Path) -> RunConfig:
 def killed_after_round_3(out: Path) -> subprocess.CompletedProcess:
     args = ["run", "--dataset", "digits", "--model", "mlp", "--num-clients", "3", "--rounds", "4", "--lr", "0.05"]
     args += ["--checkpoint-every", "2", "--log", "tensorboard,mlflow,wandb", "--out", str(out), "--quiet"]
-    code = "import sys; from pflbench.cli import main; sys.argv[0] = 'pflbench'; main()"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PFLBENCH_TEST_KILL_AFTER_ROUND": "3"}
+    code = "from pflbench.testing import kill_after_round; kill_after_round(3)"
+    code += "; import sys; from pflbench.cli import main; sys.argv[0] = 'pflbench'; main()"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300)
 
 

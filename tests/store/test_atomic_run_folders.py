@@ -25,7 +25,7 @@ from pflbench.store.layout import (
     guard_run,
     publish,
 )
-from pflbench.testing import killed_after_round
+from pflbench.testing import kill_after_round, killed_after_round
 
 TINY = ["--dataset", "digits", "--model", "mlp", "--num-clients", "3", "--rounds", "3", "--quiet"]
 
@@ -50,7 +50,7 @@ def fork_run(cfg: RunConfig, kill_after: int | None = None, **flags) -> int:
 
             torch.set_num_threads(1)
             if kill_after is not None:
-                os.environ["PFLBENCH_TEST_KILL_AFTER_ROUND"] = str(kill_after)
+                kill_after_round(kill_after)
             run_experiment(cfg, **flags)
             code = 0
         except (RunFinished, RunClaimed):

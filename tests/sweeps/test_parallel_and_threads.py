@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from pflbench.config.identity import run_identity
+from pflbench.config.identity import identity_settings
 from pflbench.config.run_config import RunConfig, resolve
 from pflbench.registry import ALGORITHMS, load_plugin_file
 from pflbench.runs.prepare import prepare
@@ -30,10 +30,10 @@ def test_threads_default_is_one_recorded_and_part_of_the_identity_on_the_cpu(tmp
     algorithm = ALGORITHMS.get("fedavg")
     hparams = algorithm.hyperparameters()
     config, _ = resolve(config, algorithm, hparams)
-    one = run_identity(dataclasses.replace(config, threads=1), algorithm, hparams)
-    assert run_identity(config, algorithm, hparams) == {**one, "threads": 2} and "threads" not in one
+    one = identity_settings(dataclasses.replace(config, threads=1), algorithm, hparams)
+    assert identity_settings(config, algorithm, hparams) == {**one, "threads": 2} and "threads" not in one
     on_gpu = dataclasses.replace(config, device="cuda")
-    assert run_identity(on_gpu, algorithm, hparams) == run_identity(
+    assert identity_settings(on_gpu, algorithm, hparams) == identity_settings(
         dataclasses.replace(on_gpu, threads=1), algorithm, hparams
     )
     try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -126,6 +125,8 @@ def test_runs_recorded_before_code_records_are_kept_and_listed(tmp_path: Path) -
 KILLED_SWEEP = """
 import sys
 from pflbench.cli import cli
+from pflbench.testing import kill_after_round
+kill_after_round(1)
 sys.argv = ["pflbench", *sys.argv[1:]]
 cli()
 """
@@ -144,8 +145,7 @@ def test_a_killed_rerun_of_a_stale_run_keeps_the_earlier_result(tmp_path: Path) 
     earlier = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
 
     plugin.write_text(plugin.read_text() + "\n# first edit\n")
-    env = {**os.environ, "PFLBENCH_TEST_KILL_AFTER_ROUND": "1"}
-    killed = subprocess.run([sys.executable, "-c", KILLED_SWEEP, *map(str, args)], env=env, capture_output=True)
+    killed = subprocess.run([sys.executable, "-c", KILLED_SWEEP, *map(str, args)], capture_output=True)
     assert killed.returncode == -9, killed.stderr.decode()
     assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == earlier  # untouched
     work = folder.with_name(".tmp-" + folder.name)
