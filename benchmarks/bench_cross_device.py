@@ -484,7 +484,8 @@ def main(argv: list[str] | None = None) -> dict:
             case["runs"] = runs
             if runs["pfllib"]:
                 case["round_ratio"] = case["pflbench"]["round_s"] / case["pfllib"]["round_s"]
-                if "round_cpu_s" in case["pflbench"] and "round_cpu_s" in case["pfllib"]:
+                # a tiny run's CPU time can read 0 at the clock's resolution: no ratio then
+                if "round_cpu_s" in case["pflbench"] and case["pfllib"].get("round_cpu_s"):
                     case["round_cpu_ratio"] = case["pflbench"]["round_cpu_s"] / case["pfllib"]["round_cpu_s"]
                 case["rss_ratio"] = case["pflbench"]["rss_peak_mb"] / case["pfllib"]["rss_peak_mb"]
             results["cases"].append(case)

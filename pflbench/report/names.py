@@ -193,6 +193,7 @@ def setup_text(frame: pd.DataFrame) -> str:
     else:
         partition_text = f"partition {' / '.join(labels)}"
     epochs = field("local_epochs")
+    model = _values(_model_text(s) for s in settings)
     threats = ""  # --attack / --robust-agg (engine.attacks, engine.robust): said whenever a run has one
     if any(s.get(name) not in (None, "none") for s in settings for name in ("attack", "robust_agg")):
         threats = f", attack {field('attack')} (attackers {field('attackers')}), aggregation {field('robust_agg')}"
@@ -200,5 +201,16 @@ def setup_text(frame: pd.DataFrame) -> str:
         f"{', '.join(sorted(runs['dataset'].unique()))}, {partition_text}, "
         f"{field('num_clients')} clients{'' if new in ('0', '') else f' ({new} of them new, never trained)'}, "
         f"{sampled} sampled per round, {field('rounds')} rounds, "
-        f"{epochs} local epoch{'' if epochs == '1' else 's'}, model {field('model')}{threats}"
+        f"{epochs} local epoch{'' if epochs == '1' else 's'}, model {model}{threats}"
     )
+
+
+def _model_text(settings: dict[str, Any]) -> str | None:
+    """The model and its ``--model-option`` values (e.g. ``mlp (hidden=100)``): a model's width is
+    part of the setup a reader compares."""
+    model, options = settings.get("model"), settings.get("model_options") or settings.get("model_option")
+    if isinstance(options, dict):  # the identity's form: {"hidden": 100}
+        options = [f"{k}={v}" for k, v in sorted(options.items())]
+    if model is None or not options or not isinstance(options, (list, tuple)):
+        return model
+    return f"{model} ({', '.join(map(str, options))})"

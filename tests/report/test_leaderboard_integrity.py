@@ -261,3 +261,24 @@ def test_grouped_config_json_is_read_too(tmp_path: Path) -> None:
     table = pivot(frame)
     assert list(table.index) == ["FedAvg (lr=0.01)", "FedAvg (lr=0.05)"]
     assert "20 clients, 20 sampled per round, 2 rounds, 1 local epoch" in to_markdown(table)
+
+
+def test_the_setup_line_names_the_model_options() -> None:
+    """A model's width is part of the setup: ``mlp (hidden=100)``, not just ``mlp``."""
+    import pandas as pd
+
+    from pflbench.report.names import setup_text
+
+    def key(options: list[str] | None) -> str:
+        run = {"num_clients": 20, "frac": 1.0, "rounds": 25, "local_epochs": 1, "model": "mlp"}
+        return json.dumps({"run": run | ({"model_option": options} if options else {})})
+
+    def frame(options: list[str] | None) -> pd.DataFrame:
+        return pd.DataFrame(
+            {"run": ["r"], "config_key": [key(options)], "dataset": ["fashion_mnist"], "partition": ["α=0.1"]}
+        )
+
+    assert setup_text(frame(["hidden=100"])).endswith("25 rounds, 1 local epoch, model mlp (hidden=100)")
+    assert setup_text(frame(None)).endswith("25 rounds, 1 local epoch, model mlp")
+    recorded = json.dumps({"run": json.loads(key(None))["run"] | {"model_options": {"hidden": 100}}})  # identity's form
+    assert setup_text(frame(None).assign(config_key=[recorded])).endswith("model mlp (hidden=100)")

@@ -249,7 +249,11 @@ def test_the_shipped_scenarios_share_one_protocol() -> None:
         assert scenario.run["val_frac"] > 0 and scenario.run["new_clients"] > 0 and p.target
     mlp = [scenarios[name] for name in ("fmnist-dir0.1", "fmnist-dir0.5", "fmnist-featureshift")]
     assert all(s.protocol.algos == "non-lora" for s in mlp)
-    assert len({(s.protocol.trials, s.protocol.tune_rounds, s.run["rounds"], s.run["model"]) for s in mlp}) == 1
+    shapes = {
+        (s.protocol.trials, s.protocol.tune_rounds, s.run["rounds"], s.run["model"], tuple(s.run["model_option"]))
+        for s in mlp
+    }
+    assert shapes == {(6, 8, 25, "mlp", ("hidden=100",))}  # the budget in results/reference/README.md
     assert scenarios["fmnist-dir0.1"].alpha == 0.1 and scenarios["fmnist-dir0.5"].alpha == 0.5
     assert scenarios["fmnist-featureshift"].run["feature_shift"]
     lora = scenarios["fmnist-lora-dir0.1"]
