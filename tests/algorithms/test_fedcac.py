@@ -5,7 +5,6 @@ Ray give the sequential numbers; bad input is one ``Error:`` line."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 
@@ -28,7 +27,15 @@ from pflbench.cli import cli
 from pflbench.config.run_config import RunConfig
 from pflbench.runs.api import run_experiment
 from pflbench.runs.prepare import prepare
-from pflbench.testing import Harness, assert_refused, killed_and_resumed, local_ray, round_numbers, tiny_run
+from pflbench.testing import (
+    Harness,
+    assert_refused,
+    killed_and_resumed,
+    local_ray,
+    round_numbers,
+    run_config_file,
+    tiny_run,
+)
 
 
 # ---- the math against hand computations -------------------------------------------------------
@@ -186,13 +193,9 @@ def test_bad_input_is_one_error_line(args: list[str], expected: str, tmp_path: P
 
 
 def test_runs_from_a_config_file_and_declares_its_search_space(tmp_path: Path) -> None:
-    config_file = tmp_path / "fedcac.toml"
-    config_file.write_text('algo = "fedcac"\nmodel = "mlp"\nnum_clients = 3\nrounds = 1\ntau = 0.3\nbeta = 10\n')
-    out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["run", "--config", str(config_file), "--out", str(out), "--quiet"])
-    assert result.exit_code == 0, result.output
-    (folder,) = (out / "runs").iterdir()
-    hparams = json.loads((folder / "config.json").read_text())["algo_hparams"]
+    hparams = run_config_file(
+        tmp_path, "fedcac", 'algo = "fedcac"\nmodel = "mlp"\nnum_clients = 3\nrounds = 1\ntau = 0.3\nbeta = 10\n'
+    )["algo_hparams"]
     assert hparams == {"tau": 0.3, "beta": 10}
     resolved = dataclasses.replace(RunConfig(algo="fedcac"), lr=0.05)
     assert {"lr", "tau", "beta"} <= set(FedCAC.search_space(resolved, FedCAC.hyperparameters()))

@@ -6,7 +6,6 @@ bad input is one ``Error:`` line."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 
@@ -30,7 +29,15 @@ from pflbench.cli import cli
 from pflbench.config.run_config import RunConfig
 from pflbench.runs.api import run_experiment
 from pflbench.runs.prepare import prepare
-from pflbench.testing import Harness, assert_refused, killed_and_resumed, local_ray, round_numbers, tiny_run
+from pflbench.testing import (
+    Harness,
+    assert_refused,
+    killed_and_resumed,
+    local_ray,
+    round_numbers,
+    run_config_file,
+    tiny_run,
+)
 
 
 # ---- the math against hand computations -------------------------------------------------------
@@ -217,15 +224,11 @@ def test_a_final_layer_without_bias_is_refused(tmp_path: Path) -> None:
 
 
 def test_runs_from_a_config_file_and_declares_its_search_space(tmp_path: Path) -> None:
-    config_file = tmp_path / "floco.toml"
-    config_file.write_text(
-        'algo = "floco"\nmodel = "mlp"\nnum_clients = 3\nrounds = 2\nendpoints = 3\ntau = 2\nrho = 0.2\n'
-    )
-    out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["run", "--config", str(config_file), "--out", str(out), "--quiet"])
-    assert result.exit_code == 0, result.output
-    (folder,) = (out / "runs").iterdir()
-    hparams = json.loads((folder / "config.json").read_text())["algo_hparams"]
+    hparams = run_config_file(
+        tmp_path,
+        "floco",
+        'algo = "floco"\nmodel = "mlp"\nnum_clients = 3\nrounds = 2\nendpoints = 3\ntau = 2\nrho = 0.2\n',
+    )["algo_hparams"]
     assert hparams == {"endpoints": 3, "tau": 2, "rho": 0.2}
     resolved = dataclasses.replace(RunConfig(algo="floco"), lr=0.05)
     assert set(Floco.search_space(resolved, Floco.hyperparameters())) == {"lr", "rho", "endpoints"}

@@ -5,7 +5,6 @@ the same numbers; bad input is one ``Error:`` line."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 
@@ -26,7 +25,15 @@ from pflbench.cli import cli
 from pflbench.config.run_config import RunConfig
 from pflbench.runs.api import run_experiment
 from pflbench.runs.prepare import prepare
-from pflbench.testing import Harness, assert_refused, killed_and_resumed, local_ray, round_numbers, tiny_run
+from pflbench.testing import (
+    Harness,
+    assert_refused,
+    killed_and_resumed,
+    local_ray,
+    round_numbers,
+    run_config_file,
+    tiny_run,
+)
 
 
 # ---- the math against hand computations -------------------------------------------------------
@@ -165,15 +172,11 @@ def test_bad_input_is_one_error_line(args: list[str], expected: str, tmp_path: P
 
 
 def test_runs_from_a_config_file_and_declares_its_search_space(tmp_path: Path) -> None:
-    config_file = tmp_path / "flute.toml"
-    config_file.write_text(
-        'algo = "flute"\nmodel = "mlp"\nnum_clients = 3\nrounds = 1\netf_weight = 0.5\nrep_epochs = 0\n'
-    )
-    out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["run", "--config", str(config_file), "--out", str(out), "--quiet"])
-    assert result.exit_code == 0, result.output
-    (folder,) = (out / "runs").iterdir()
-    hparams = json.loads((folder / "config.json").read_text())["algo_hparams"]
+    hparams = run_config_file(
+        tmp_path,
+        "flute",
+        'algo = "flute"\nmodel = "mlp"\nnum_clients = 3\nrounds = 1\netf_weight = 0.5\nrep_epochs = 0\n',
+    )["algo_hparams"]
     assert hparams["etf_weight"] == 0.5 and hparams["rep_epochs"] == 0
     resolved = dataclasses.replace(RunConfig(algo="flute"), lr=0.05)
     assert set(FLUTE.search_space(resolved, FLUTE.hyperparameters())) == {"lr", "etf_weight", "feature_norm_weight"}

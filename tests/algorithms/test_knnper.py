@@ -6,7 +6,6 @@ evaluation interpolates; λ = 0 is FedAvg; resume and Ray give the same numbers;
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 
@@ -21,7 +20,15 @@ from pflbench.engine import personalize
 from pflbench.engine.types import load_into
 from pflbench.runs.api import run_experiment
 from pflbench.runs.prepare import prepare
-from pflbench.testing import Harness, assert_refused, killed_and_resumed, local_ray, round_numbers, tiny_run
+from pflbench.testing import (
+    Harness,
+    assert_refused,
+    killed_and_resumed,
+    local_ray,
+    round_numbers,
+    run_config_file,
+    tiny_run,
+)
 
 
 # ---- the math against hand computations -------------------------------------------------------
@@ -163,13 +170,9 @@ def test_bad_input_is_one_error_line(args: list[str], expected: str, tmp_path: P
 
 
 def test_runs_from_a_config_file(tmp_path: Path) -> None:
-    config_file = tmp_path / "knnper.toml"
-    config_file.write_text('algo = "knnper"\nmodel = "mlp"\nnum_clients = 3\nrounds = 1\nneighbors = 5\n')
-    out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["run", "--config", str(config_file), "--out", str(out), "--quiet"])
-    assert result.exit_code == 0, result.output
-    (folder,) = (out / "runs").iterdir()
-    hparams = json.loads((folder / "config.json").read_text())["algo_hparams"]
+    hparams = run_config_file(
+        tmp_path, "knnper", 'algo = "knnper"\nmodel = "mlp"\nnum_clients = 3\nrounds = 1\nneighbors = 5\n'
+    )["algo_hparams"]
     assert hparams == {"knn_weight": 0.5, "neighbors": 5, "kernel_scale": 1.0, "capacity": 4096}
 
 

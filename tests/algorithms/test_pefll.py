@@ -6,7 +6,6 @@ same numbers; bad input is one ``Error:`` line."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 
@@ -31,7 +30,15 @@ from pflbench.config.run_config import RunConfig
 from pflbench.engine import ClientJob
 from pflbench.runs.api import run_experiment
 from pflbench.runs.prepare import prepare
-from pflbench.testing import Harness, assert_refused, killed_and_resumed, local_ray, round_numbers, tiny_run
+from pflbench.testing import (
+    Harness,
+    assert_refused,
+    killed_and_resumed,
+    local_ray,
+    round_numbers,
+    run_config_file,
+    tiny_run,
+)
 
 
 # ---- the math against hand computations -------------------------------------------------------
@@ -278,15 +285,9 @@ def test_holdout_domain_is_refused() -> None:
 
 
 def test_runs_from_a_config_file_and_declares_its_search_space(tmp_path: Path) -> None:
-    config_file = tmp_path / "pefll.toml"
-    config_file.write_text(
-        'algo = "pefll"\nmodel = "mlp"\nnum_clients = 3\nrounds = 1\nhn_hidden = 12\nembed_dim = 3\n'
-    )
-    out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["run", "--config", str(config_file), "--out", str(out), "--quiet"])
-    assert result.exit_code == 0, result.output
-    (folder,) = (out / "runs").iterdir()
-    hparams = json.loads((folder / "config.json").read_text())["algo_hparams"]
+    hparams = run_config_file(
+        tmp_path, "pefll", 'algo = "pefll"\nmodel = "mlp"\nnum_clients = 3\nrounds = 1\nhn_hidden = 12\nembed_dim = 3\n'
+    )["algo_hparams"]
     assert hparams["hn_hidden"] == 12 and hparams["embed_dim"] == 3
     resolved = dataclasses.replace(RunConfig(algo="pefll"), lr=0.05)
     assert set(PeFLL.search_space(resolved, PeFLL.hyperparameters())) == {"lr", "hn_lr"}

@@ -5,7 +5,6 @@ resume and Ray give the same numbers; bad input is one ``Error:`` line."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 
@@ -27,7 +26,15 @@ from pflbench.cli import cli
 from pflbench.config.run_config import RunConfig
 from pflbench.runs.api import run_experiment
 from pflbench.runs.prepare import prepare
-from pflbench.testing import Harness, assert_refused, killed_and_resumed, local_ray, round_numbers, tiny_run
+from pflbench.testing import (
+    Harness,
+    assert_refused,
+    killed_and_resumed,
+    local_ray,
+    round_numbers,
+    run_config_file,
+    tiny_run,
+)
 
 
 # ---- the math against hand computations -------------------------------------------------------
@@ -294,15 +301,11 @@ def test_a_final_layer_without_bias_is_refused(tmp_path: Path) -> None:
 
 
 def test_runs_from_a_config_file_and_declares_its_search_space(tmp_path: Path) -> None:
-    config_file = tmp_path / "pfedfda.toml"
-    config_file.write_text(
-        'algo = "pfedfda"\nmodel = "mlp"\nnum_clients = 3\nrounds = 1\nbeta_mode = "single"\nbeta_grid = 6\n'
-    )
-    out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["run", "--config", str(config_file), "--out", str(out), "--quiet"])
-    assert result.exit_code == 0, result.output
-    (folder,) = (out / "runs").iterdir()
-    hparams = json.loads((folder / "config.json").read_text())["algo_hparams"]
+    hparams = run_config_file(
+        tmp_path,
+        "pfedfda",
+        'algo = "pfedfda"\nmodel = "mlp"\nnum_clients = 3\nrounds = 1\nbeta_mode = "single"\nbeta_grid = 6\n',
+    )["algo_hparams"]
     assert hparams["beta_mode"] == "single" and hparams["beta_grid"] == 6
     resolved = dataclasses.replace(RunConfig(algo="pfedfda"), lr=0.05)
     assert set(PFedFDA.search_space(resolved, PFedFDA.hyperparameters())) == {"lr"}

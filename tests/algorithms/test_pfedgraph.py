@@ -5,7 +5,6 @@ bad input is one ``Error:`` line."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -28,7 +27,15 @@ from pflbench.cli import cli
 from pflbench.config.run_config import RunConfig
 from pflbench.runs.api import run_experiment
 from pflbench.runs.prepare import prepare
-from pflbench.testing import Harness, assert_refused, killed_and_resumed, local_ray, round_numbers, tiny_run
+from pflbench.testing import (
+    Harness,
+    assert_refused,
+    killed_and_resumed,
+    local_ray,
+    round_numbers,
+    run_config_file,
+    tiny_run,
+)
 
 
 # ---- the math against hand computations -------------------------------------------------------
@@ -198,13 +205,9 @@ def test_bad_input_is_one_error_line(args: list[str], expected: str, tmp_path: P
 
 
 def test_runs_from_a_config_file(tmp_path: Path) -> None:
-    config_file = tmp_path / "pfedgraph.toml"
-    config_file.write_text('algo = "pfedgraph"\nmodel = "mlp"\nnum_clients = 3\nrounds = 1\ngraph_alpha = 0.4\n')
-    out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["run", "--config", str(config_file), "--out", str(out), "--quiet"])
-    assert result.exit_code == 0, result.output
-    (folder,) = (out / "runs").iterdir()
-    assert json.loads((folder / "config.json").read_text())["algo_hparams"] == {
+    assert run_config_file(
+        tmp_path, "pfedgraph", 'algo = "pfedgraph"\nmodel = "mlp"\nnum_clients = 3\nrounds = 1\ngraph_alpha = 0.4\n'
+    )["algo_hparams"] == {
         "graph_alpha": 0.4,
         "graph_lambda": 0.01,
     }
