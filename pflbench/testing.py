@@ -264,20 +264,3 @@ def assert_refused(result: Any, out: Path, expected: str) -> None:
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: ") and expected in lines[0], result.output
     assert not out.exists(), f"{out} was written"
-
-
-def run_config_file(tmp_path: Path, name: str, text: str) -> dict[str, Any]:
-    """``pflbench run --config TMP/NAME.toml --out TMP/out --quiet`` on ``text``: asserts it
-    succeeds and returns the one finished run's ``config.json``."""
-    from click.testing import CliRunner
-
-    from pflbench.cli import cli
-    from pflbench.store.layout import CONFIG_FILE, runs_folder
-
-    config_file, out = tmp_path / f"{name}.toml", tmp_path / "out"
-    config_file.write_text(text)
-    result = CliRunner().invoke(cli, ["run", "--config", str(config_file), "--out", str(out), "--quiet"])
-    assert result.exit_code == 0, result.output
-    (folder,) = runs_folder(out).iterdir()
-    recorded: dict[str, Any] = json.loads((folder / CONFIG_FILE).read_text())
-    return recorded

@@ -30,3 +30,25 @@ def record_traffic():
         return observer.received, observer.uploaded
 
     return install
+
+
+@pytest.fixture
+def run_config_file():
+    """``run_config_file(tmp_path, name, text)``: ``pflbench run --config TMP/NAME.toml --out TMP/out
+    --quiet`` on ``text``; asserts it succeeds and returns the one finished run's config.json."""
+    import json
+
+    from click.testing import CliRunner
+
+    from pflbench.cli import cli
+    from pflbench.store.layout import CONFIG_FILE, runs_folder
+
+    def run(tmp_path, name: str, text: str) -> dict:
+        config_file, out = tmp_path / f"{name}.toml", tmp_path / "out"
+        config_file.write_text(text)
+        result = CliRunner().invoke(cli, ["run", "--config", str(config_file), "--out", str(out), "--quiet"])
+        assert result.exit_code == 0, result.output
+        (folder,) = runs_folder(out).iterdir()
+        return json.loads((folder / CONFIG_FILE).read_text())
+
+    return run

@@ -35,7 +35,6 @@ from pflbench.testing import (
     killed_and_resumed,
     local_ray,
     round_numbers,
-    run_config_file,
     tiny_run,
 )
 
@@ -223,7 +222,7 @@ def test_a_final_layer_without_bias_is_refused(tmp_path: Path) -> None:
     assert_refused(CliRunner().invoke(cli, args), out, "floco needs a bias in the final layer 'fc2'")
 
 
-def test_runs_from_a_config_file_and_declares_its_search_space(tmp_path: Path) -> None:
+def test_runs_from_a_config_file_and_declares_its_search_space(tmp_path: Path, run_config_file) -> None:
     hparams = run_config_file(
         tmp_path,
         "floco",

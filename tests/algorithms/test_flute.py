@@ -31,7 +31,6 @@ from pflbench.testing import (
     killed_and_resumed,
     local_ray,
     round_numbers,
-    run_config_file,
     tiny_run,
 )
 
@@ -171,7 +170,7 @@ def test_bad_input_is_one_error_line(args: list[str], expected: str, tmp_path: P
     assert_refused(result, out, expected)
 
 
-def test_runs_from_a_config_file_and_declares_its_search_space(tmp_path: Path) -> None:
+def test_runs_from_a_config_file_and_declares_its_search_space(tmp_path: Path, run_config_file) -> None:
     hparams = run_config_file(
         tmp_path,
         "flute",

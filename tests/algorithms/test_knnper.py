@@ -26,7 +26,6 @@ from pflbench.testing import (
     killed_and_resumed,
     local_ray,
     round_numbers,
-    run_config_file,
     tiny_run,
 )
 
@@ -169,7 +168,7 @@ def test_bad_input_is_one_error_line(args: list[str], expected: str, tmp_path: P
     assert_refused(result, out, expected)
 
 
-def test_runs_from_a_config_file(tmp_path: Path) -> None:
+def test_runs_from_a_config_file(tmp_path: Path, run_config_file) -> None:
     hparams = run_config_file(
         tmp_path, "knnper", 'algo = "knnper"\nmodel = "mlp"\nnum_clients = 3\nrounds = 1\nneighbors = 5\n'
     )["algo_hparams"]

@@ -36,7 +36,6 @@ from pflbench.testing import (
     killed_and_resumed,
     local_ray,
     round_numbers,
-    run_config_file,
     tiny_run,
 )
 
@@ -284,7 +283,7 @@ def test_holdout_domain_is_refused() -> None:
         PeFLL.check_config(config, PeFLL.hyperparameters())
 
 
-def test_runs_from_a_config_file_and_declares_its_search_space(tmp_path: Path) -> None:
+def test_runs_from_a_config_file_and_declares_its_search_space(tmp_path: Path, run_config_file) -> None:
     hparams = run_config_file(
         tmp_path, "pefll", 'algo = "pefll"\nmodel = "mlp"\nnum_clients = 3\nrounds = 1\nhn_hidden = 12\nembed_dim = 3\n'
     )["algo_hparams"]

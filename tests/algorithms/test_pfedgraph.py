@@ -33,7 +33,6 @@ from pflbench.testing import (
     killed_and_resumed,
     local_ray,
     round_numbers,
-    run_config_file,
     tiny_run,
 )
 
@@ -204,7 +203,7 @@ def test_bad_input_is_one_error_line(args: list[str], expected: str, tmp_path: P
     assert_refused(result, out, expected)
 
 
-def test_runs_from_a_config_file(tmp_path: Path) -> None:
+def test_runs_from_a_config_file(tmp_path: Path, run_config_file) -> None:
     assert run_config_file(
         tmp_path, "pfedgraph", 'algo = "pfedgraph"\nmodel = "mlp"\nnum_clients = 3\nrounds = 1\ngraph_alpha = 0.4\n'
     )["algo_hparams"] == {
