@@ -22,6 +22,7 @@ def _tune_callback(
     pruner: str,
     sampler_seed: int,
     allow_test_selection: bool,
+    default_trial: bool,
     jobs: int,
     quiet: bool,
     dry_run: bool,
@@ -57,7 +58,7 @@ def _tune_callback(
         space_text,
     )
 
-    settings = TuneSettings(objective, trials, sampler, pruner, sampler_seed, allow_test_selection)
+    settings = TuneSettings(objective, trials, sampler, pruner, sampler_seed, allow_test_selection, default_trial)
     base, grid = sweep_plan(
         values.pop("algos"),
         values.pop("datasets"),
@@ -257,6 +258,13 @@ tune_command = RunCommand(
             param_decls=["--allow-test-selection"],
             is_flag=True,
             help="Allow a test metric as --objective (the record says 'selected on test').",
+        ),
+        CommandOption(
+            section=TUNING,
+            param_decls=["--default-trial"],
+            is_flag=True,
+            help="Run the algorithm's default setting as the first trial (tpe), so the choice is never "
+            "worse on validation than the default (as `pflbench reference` does).",
         ),
         *dataclass_options(RunConfig, SWEEP_SHARED),
         *sweep_controls(),

@@ -20,6 +20,7 @@ The file has three parts::
     sampler_seed = 0
     pruner = "median"
     target = "pers_acc=0.8"   # rounds and MB to this target in the tables
+    default_trial = true      # each study's first trial is the algorithm's default setting
     [algo_options.fedavg]     # optional: what makes an algorithm the scenario's variant of it,
     lora_rank = 8             # in both of its rows (FedAvg+LoRA); run options or hyperparameters
 
@@ -54,6 +55,7 @@ PROTOCOL_KEYS = (
     "sampler_seed",
     "pruner",
     "target",
+    "default_trial",
 )
 # The settings a run's identity (config.json → identity) must share with the reference's runs to
 # be compared with them: the data, its split and partition, the model, the schedule. Learning
@@ -106,6 +108,7 @@ class Protocol:
     sampler_seed: int = 0
     pruner: str = "median"
     target: str | None = None
+    default_trial: bool = False  # the first trial of every study is the algorithm's default setting
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -199,6 +202,10 @@ def parse_scenario(data: dict[str, Any], name: str, path: Path | None = None) ->
             raise ConfigError(f"scenario {name} [protocol] {key} must be an integer ≥ 0, got {values[key]!r}")
     if values.get("trials", 1) < 1 or values.get("tune_rounds", 1) < 1:
         raise ConfigError(f"scenario {name} [protocol]: trials and tune_rounds must be ≥ 1")
+    if "default_trial" in values and not isinstance(values["default_trial"], bool):
+        raise ConfigError(
+            f"scenario {name} [protocol] default_trial must be true or false, got {values['default_trial']!r}"
+        )
     for key in ("objective", "sampler", "pruner", "target"):
         if key in values and not isinstance(values[key], str):
             raise ConfigError(f"scenario {name} [protocol] {key} must be a string, got {values[key]!r}")

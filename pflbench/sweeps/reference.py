@@ -172,7 +172,7 @@ def _grid(scenario: Scenario, algo: str, seeds: tuple[int, ...], params: dict[st
 
 def tune_settings(scenario: Scenario) -> TuneSettings:
     p = scenario.protocol
-    return TuneSettings(p.objective, p.trials, p.sampler, p.pruner, p.sampler_seed)
+    return TuneSettings(p.objective, p.trials, p.sampler, p.pruner, p.sampler_seed, default_trial=p.default_trial)
 
 
 def algorithm_cells(

@@ -94,6 +94,9 @@ class TuneSettings:
     pruner: str = "median"
     sampler_seed: int = 0
     allow_test_selection: bool = False
+    # the first trial runs the algorithm's default setting (when the space holds it), so that a
+    # small budget never selects a setting worse on validation than the default it replaces
+    default_trial: bool = False
 
     @property
     def round_metric(self) -> str:
@@ -123,6 +126,8 @@ def check_settings(settings: TuneSettings) -> None:
         raise ConfigError(f"--sampler {settings.sampler!r} is not one of: {', '.join(SAMPLERS)}")
     if settings.pruner not in PRUNERS:
         raise ConfigError(f"--pruner {settings.pruner!r} is not one of: {', '.join(PRUNERS)}")
+    if settings.default_trial and settings.sampler == "grid":
+        raise ConfigError("--default-trial goes with --sampler tpe: a grid visits every listed setting anyway")
 
 
 @dataclass
@@ -138,6 +143,7 @@ class StudyPlan:
     force: bool = False  # --force: trials run again even where their run folder is finished
     ran: set[str] = field(default_factory=set)  # run folders this invocation's trials wrote
     trials: list[dict[str, Any]] = field(default_factory=list)
+    default: dict[str, Any] | None = None  # the default setting, the first trial (default_trial)
 
     def path(self, suffix: str) -> Path:
         return Path(self.base.out) / TUNE_DIR / f"{self.name}{suffix}"
@@ -213,6 +219,24 @@ def study_space(cell: SweepRun, user: dict[str, str]) -> dict[str, Dimension]:
     return space
 
 
+def default_setting(cell: SweepRun, space: dict[str, Dimension]) -> dict[str, Any] | None:
+    """The cell's own (resolved) value of every tuned setting, or None when one lies outside its
+    dimension (a user's ``--space`` that excludes the default): the point a study starts from."""
+    algorithm = ALGORITHMS.get(cell.config.algo)
+    hparams = hyperparameters_from(algorithm.hyperparameters, dict(cell.algo_options), cell.config.algo)
+    run_fields = {f.name for f in dataclasses.fields(RunConfig)}
+    setting = {}
+    for name, dimension in space.items():
+        value = getattr(cell.config if name in run_fields else hparams, name)
+        if isinstance(dimension, Choice):
+            if value not in dimension.values:
+                return None
+        elif value is None or isinstance(value, bool) or not dimension.low <= value <= dimension.high:
+            return None
+        setting[name] = value
+    return setting
+
+
 def plan_studies(base: RunConfig, grid: Grid, user_space: dict[str, str], settings: TuneSettings) -> list[StudyPlan]:
     """A study per cell of ``grid`` (the trial seed is the first of ``grid.seeds``), checked."""
     check_settings(settings)
@@ -237,13 +261,16 @@ def plan_studies(base: RunConfig, grid: Grid, user_space: dict[str, str], settin
                 f"{cell.describe()} (give --val-frac, e.g. 0.1)"
             )
         plan = StudyPlan(base, cell, space, grid.seeds, settings)
-        identity = {
+        identity: dict[str, Any] = {
             "run": cell.name,  # the trial cell's settings (its folder name holds their hash)
             "space": space_text(space),
             "objective": settings.objective,
             "sampler": [settings.sampler, settings.sampler_seed],
             "pruner": settings.pruner,
         }
+        if settings.default_trial:  # only then: the names of studies without it stay as they were
+            identity["default_trial"] = True
+            plan.default = default_setting(cell, space)
         plan.name = f"{cell.name}__tune-{settings_hash(identity, 8)}"
         plans.append(plan)
     return plans
@@ -824,6 +851,11 @@ def run_study(
         report(f"warning: {warning}")
     study = open_study(plan, jobs)
     so_far = len(study.get_trials(deepcopy=False))
+    if plan.settings.default_trial and not so_far:
+        if plan.default is None:
+            report(f"{plan.describe()}: its default setting lies outside the space; no default trial")
+        else:  # two processes starting the study at once both enqueue it: the second is a duplicate
+            study.enqueue_trial(plan.default)
     if so_far:  # a continued study: its sampler must not replay the proposals it made before
         study.sampler = make_sampler(plan, jobs, so_far)
     budget = plan.settings.trials
@@ -1008,6 +1040,7 @@ def write_record(plan: StudyPlan, study: Any, final: dict[str, Any] | None = Non
         "pruner": plan.settings.pruner,
         "trial_seed": plan.cell.config.seed,
         "trials_asked": plan.settings.trials,
+        **({"default_trial": plan.default} if plan.settings.default_trial else {}),
         "trials": trial_records(study),
         "best": None
         if best is None

@@ -222,3 +222,38 @@ def test_trials_as_ray_tasks(tmp_path: Path) -> None:
     record = json.loads(record_path.read_text())
     best = max(record["trials"], key=lambda t: t["value"])
     assert record["best"]["params"] == best["params"] and all(t["per_round"] for t in record["trials"])
+
+
+def test_the_default_setting_is_the_first_trial_only_when_asked() -> None:
+    (plain,) = plans(("fedprox",))
+    (first,) = plans(("fedprox",), default_trial=True)
+    assert plain.default is None and first.name != plain.name  # a study with it is another study
+    config = first.cell.config
+    assert first.default == {"lr": config.lr, "mu": 0.01}  # FedProx's resolved lr and its paper's μ
+    (outside,) = plans(("fedavg",), ("lr=log:0.5:0.9",), default_trial=True)
+    assert outside.default is None  # the resolved default lr (0.05 or so) is not in the user's range
+    with pytest.raises(ConfigError, match="--default-trial goes with --sampler tpe"):
+        plans(("fedavg",), ("lr=0.1,0.2",), sampler="grid", default_trial=True)
+
+
+def test_every_algorithms_default_lies_in_its_own_space() -> None:
+    """The reference's studies start from the default (``default_trial``): every built-in
+    algorithm's search space must hold its own defaults, or its study would start elsewhere."""
+    from pflbench.registry import ALGORITHMS
+    from pflbench.sweeps.reference import is_lora_only
+
+    names = [name for name in ALGORITHMS.names() if not is_lora_only(name)]
+    for plan in plans(tuple(names), default_trial=True):
+        assert plan.default is not None, f"{plan.cell.config.algo}: its default is outside {plan.space}"
+
+
+def test_tune_with_default_trial_runs_the_default_first(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ["tune", "--algos", "fedavg", *TINY, "--seeds", "0", "--trials", "3", "--pruner", "none"]
+    result = CliRunner().invoke(cli, [*args, "--default-trial", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    (record_path,) = (out / "tune").glob("*.json")
+    record = json.loads(record_path.read_text())
+    default_lr = record["default_trial"]["lr"]
+    assert record["trials"][0]["params"] == {"lr": default_lr} and len(record["trials"]) == 3
+    assert record["best"]["value"] >= record["trials"][0]["value"]  # never below the default on validation
