@@ -151,6 +151,10 @@ class StudyPlan:
     def describe(self) -> str:
         return self.cell.describe().replace(f" seed={self.cell.config.seed}", "")
 
+    def is_default(self, run: SweepRun) -> bool:
+        """Whether ``run`` is the default trial's run (``default_trial``)."""
+        return self.default is not None and run.name == self.run_of(rounded_setting(self.space, self.default)).name
+
     def run_of(self, params: dict[str, Any], seed: int | None = None) -> SweepRun:
         """The run of ``params`` (the cell's --set values fixed) at ``seed`` (the trial seed)."""
         c = self.cell.config
@@ -557,7 +561,8 @@ def run_trial(
         summary = read_json(run.run_dir / SUMMARY_FILE) if (run.run_dir / SUMMARY_FILE).is_file() else None
         if run.redo is None and isinstance(summary, dict) and summary.get("status") in ("completed", "diverged"):
             return _read_back(plan, trial, run, summary)  # already run (a sweep, another study)
-        reporter = ReportToStudy(trial, plan.settings.round_metric, prune=True, claim=claim)
+        # the default trial is never pruned: it is the baseline a choice must beat, so it runs in full
+        reporter = ReportToStudy(trial, plan.settings.round_metric, prune=not plan.is_default(run), claim=claim)
         try:
             summary = run_one(run, plugins, observers=[reporter])
         except TrialPruned as pruned:

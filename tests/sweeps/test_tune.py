@@ -230,6 +230,8 @@ def test_the_default_setting_is_the_first_trial_only_when_asked() -> None:
     assert plain.default is None and first.name != plain.name  # a study with it is another study
     config = first.cell.config
     assert first.default == {"lr": config.lr, "mu": 0.01}  # FedProx's resolved lr and its paper's μ
+    assert first.is_default(first.run_of({"lr": config.lr, "mu": 0.01}))  # its run is never pruned
+    assert not first.is_default(first.run_of({"lr": config.lr, "mu": 0.1})) and not plain.is_default(plain.cell)
     (outside,) = plans(("fedavg",), ("lr=log:0.5:0.9",), default_trial=True)
     assert outside.default is None  # the resolved default lr (0.05 or so) is not in the user's range
     with pytest.raises(ConfigError, match="--default-trial goes with --sampler tpe"):
