@@ -29,6 +29,7 @@ from torch.func import functional_call, grad, vmap
 from pflbench.engine.algorithm import ClientProgram
 from pflbench.engine.capabilities import refusal
 from pflbench.engine.executor import SequentialExecutor
+from pflbench.engine.func_grad import autograd_without_dynamo
 from pflbench.engine.local import LocalResult, mean_terms
 from pflbench.engine.types import ClientJob, ClientUpdate, EvalJob, OptimizerSpec, Tensors
 from pflbench.engine.vmap_optim import FunctionalOptimizer
@@ -139,7 +140,7 @@ class VmapExecutor(SequentialExecutor):
 
     def train_iter(self, program: ClientProgram, jobs: Sequence[ClientJob]) -> Iterator[ClientUpdate]:
         for start in range(0, len(jobs), MAX_CLIENTS_AT_ONCE):
-            with batchable_forms(self.model):
+            with batchable_forms(self.model), autograd_without_dynamo():  # no torch._dynamo import
                 updates = self.train_together(program, jobs[start : start + MAX_CLIENTS_AT_ONCE])
             yield from updates
 
@@ -336,5 +337,11 @@ class VmapExecutor(SequentialExecutor):
         upload = program.upload(state, job.received)
         private = program.private_state(state, job.private)
         return ClientUpdate(
-            job.client_id, self.data.num_train[job.client_id], upload, result.loss_terms, result.loss, private
+            job.client_id,
+            self.data.num_train[job.client_id],
+            upload,
+            result.loss_terms,
+            result.loss,
+            private,
+            local_steps=steps,  # every drawn batch is one optimizer step (no step cap under vmap)
         )

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -83,6 +85,58 @@ def test_vmap_matches_sequential(case: str, tmp_path) -> None:
     sequential = rounds(dataclasses.replace(config, out=str(tmp_path / "seq")), hparams)
     vectorized = rounds(dataclasses.replace(config, out=str(tmp_path / "vmap"), executor="vmap"), hparams)
     assert_close(sequential, vectorized)
+
+
+def test_fednova_under_vmap_reads_the_same_unequal_step_counts(tmp_path) -> None:
+    """FedNova's a_k needs each client's τ_k: vmap reports the batches each client drew (clients
+    of different sizes, 2 epochs, momentum-corrected a_k), and the rounds match sequential."""
+    config = dataclasses.replace(BASE, algo="fednova", rounds=2, local_epochs=2, momentum=0.5)
+    sequential = rounds(dataclasses.replace(config, out=str(tmp_path / "seq")))
+    vectorized = rounds(dataclasses.replace(config, out=str(tmp_path / "vmap"), executor="vmap"))
+    assert_close(sequential, vectorized)
+    for a, b in zip(sequential, vectorized):
+        assert a["fednova_steps_min"] < a["fednova_steps_max"]  # unequal τ_k
+        for key in ("fednova_steps_min", "fednova_steps_max", "fednova_tau_eff"):
+            assert a[key] == b[key], (key, a[key], b[key])
+
+
+def test_a_vmap_round_does_not_import_torch_dynamo(tmp_path) -> None:
+    """torch.func.grad's first call would import torch._dynamo (seconds); ``func_grad`` avoids
+    it. In a fresh interpreter: one FedAvg round under vmap, then torch._dynamo is still absent."""
+    script = (
+        "import sys, dataclasses\n"
+        "from pflbench.config.run_config import RunConfig\n"
+        "from pflbench.runs.api import run_experiment\n"
+        f"run_experiment(RunConfig(dataset='digits', model='mlp', num_clients=2, rounds=1, executor='vmap', out={str(tmp_path)!r}))\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_autograd_without_dynamo_gives_torch_s_gradients_and_restores_it() -> None:
+    from torch._functorch import eager_transforms
+
+    from pflbench.engine.func_grad import autograd_without_dynamo
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3))
+    params = {n: torch.stack([p.detach(), p.detach() * 0.5]) for n, p in model.named_parameters()}
+    inputs, targets = torch.randn(2, 6, 5), torch.randint(0, 3, (2, 6))
+
+    def loss(p, x, y):
+        return torch.nn.functional.cross_entropy(torch.func.functional_call(model, p, (x,)), y)
+
+    step = torch.func.vmap(torch.func.grad(loss))
+    original = eager_transforms._autograd_grad
+    with autograd_without_dynamo():
+        assert eager_transforms._autograd_grad is not original
+        ours = step(params, inputs, targets)
+    assert eager_transforms._autograd_grad is original
+    theirs = step(params, inputs, targets)
+    for name in params:
+        assert torch.equal(ours[name], theirs[name]), name
 
 
 def test_attention_runs_unfused_inside_vmap_and_fused_again_after() -> None:
