@@ -105,6 +105,7 @@ class Harness:
             derive_seed(self.algorithm.config.seed, "train", round_index, client_id),
             received,
             self.algorithm.store.get(client_id),
+            sample_privacy=self.federation.sample_privacy,  # --dp sample: as the round loop gives it
         )
         (update,) = self.executor.train(self.algorithm.program, [job])
         if update.private:

@@ -4,13 +4,15 @@ an algorithm's own options appear only for ``--algo NAME`` (``--algos A,B``), in
 section; ``--help-all`` prints every option in full, every algorithm's options too.
 
 Click has no option groups: ``format_sections`` replaces ``click.Command.format_options`` for
-``cli.options.RunCommand``. A run setting's section comes from ``SECTIONS`` (by its name; an
-unlisted setting lands in ``OTHER``, which tests keep empty), a command's own option from its
-``CommandOption.section``.
+``cli.options.RunCommand``. A run setting's section is its setting group's (``SECTIONS``, derived
+from ``config.settings.GROUPS``: a group's ``section``, else its title; in the groups' order, each
+group's options in its declared order), a command's own option's its ``CommandOption.section``
+(an option of neither lands in ``OTHER``, which tests keep empty).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,39 +21,21 @@ from typing import Any, NamedTuple
 import click
 
 from pflbench.cli.controls import CONTROL, FULL_HELP, CommandOption
+from pflbench.config.settings import GROUPS
 
-# section title → the run settings it shows (RunConfig field names), in the order shown
-SECTIONS: dict[str, tuple[str, ...]] = {
-    title: tuple(names.split())
-    for title, names in (
-        ("Experiment", "algo seed"),
-        (
-            "Data and partition",
-            "dataset dataset_option data_dir partition alpha shards_per_client min_size dirichlet_cut sizes size_param feature_shift "
-            "shift_groups holdout_domain partition_file test_frac val_frac",
-        ),
-        (
-            "Clients, rounds and system",
-            "num_clients frac new_clients rounds dropout availability availability_rate availability_period "
-            "straggler_model straggler_sigma sample_time bandwidth deadline deadline_policy over_select",
-        ),
-        ("Local training", "local_epochs batch_size lr optimizer momentum weight_decay max_grad_norm"),
-        (
-            "Model and initialization",
-            "model model_option head_layers pretrained weights backbone public_frac pretrain_epochs pretrain_lr",
-        ),
-        ("LoRA", "lora_rank lora_alpha lora_targets"),
-        ("Differential privacy", "dp dp_clip dp_noise dp_delta dp_adaptive_quantile dp_clip_lr dp_count_noise"),
-        (
-            "Attacks and robust aggregation",
-            "attack attackers attack_scale backdoor_target backdoor_frac robust_agg trim_frac krum_f krum_select "
-            "norm_bound",
-        ),
-        ("Evaluation", "eval_every finetune_epochs"),
-        ("Execution", "device precision executor threads ray_address ray_workers"),
-        ("Output", "out portable checkpoint_every save_model log mlflow_uri"),
-    )
-}
+
+def group_sections() -> dict[str, tuple[str, ...]]:
+    """Section title → the run settings it shows (``RunConfig`` field names), in the order shown:
+    each setting group's options under its ``section`` (else its title), groups in ``GROUPS`` order."""
+    sections: dict[str, tuple[str, ...]] = {}
+    for group in GROUPS:
+        title = group.section or group.title
+        names = tuple(f.name for f in dataclasses.fields(group))  # type: ignore[arg-type]
+        sections[title] = sections.get(title, ()) + names
+    return sections
+
+
+SECTIONS = group_sections()
 OTHER = "Other settings"
 SECTION_OF = {name: title for title, names in SECTIONS.items() for name in names}
 HELP_ALGOS = "pflbench.help_algos"  # ctx.meta key: the algorithms named before --help

@@ -50,6 +50,7 @@ __all__ = [  # the partition's and the threads' owners are config.settings.parti
     "RUN_HASH_LENGTH",
     "cpu_threads",
     "feature_shift_settings",
+    "folder_name",
     "hyperparameter_identity",
     "identity_hash",
     "identity_settings",
@@ -123,10 +124,14 @@ def identity_hash(identity: dict[str, Any]) -> str:
 
 
 def run_name(config: RunConfig, algorithm: Any, hyperparameters: Any) -> str:
-    """``<algo>__<dataset>__<partition>__s<seed>__<hash>`` with a hash of every setting read."""
-    digest = identity_hash(identity_settings(config, algorithm, hyperparameters))
-    split = partition_label(config)
-    return f"{config.algo}__{config.dataset}__{split}__s{config.seed}__{digest}"
+    """``<algo>__<dataset>__<partition>__s<seed>__<hash>`` with a hash of every setting read
+    (a run computes its identity once: ``folder_name`` names it from the hash)."""
+    return folder_name(config, identity_hash(identity_settings(config, algorithm, hyperparameters)))
+
+
+def folder_name(config: RunConfig, digest: str) -> str:
+    """The run folder's name for the identity hash ``digest`` of ``config``."""
+    return f"{config.algo}__{config.dataset}__{partition_label(config)}__s{config.seed}__{digest}"
 
 
 def inert_settings(config: RunConfig, algorithm: Any, hyperparameters: Any) -> dict[str, str]:

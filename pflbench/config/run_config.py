@@ -6,8 +6,9 @@ per stage that reads a group: ``partition_spec``, ``init_spec``, ``local_spec``,
 Each field's type, default, help and choices are declared once, by its group
 (``config.settings.*``); ``RunConfig`` lists the fields in their recorded order (the order of
 ``config.json``) and takes each declaration from its group (``composed_of`` checks that every
-field has exactly one group, of the same type). Checks (``validate``), the run identity and the
-inert options (``config.identity``) are loops over the groups.
+field has exactly one group, of the same type). Checks (``validate``; ``check_run`` once the
+algorithm, K, the data or the built upload is known), the run identity and the inert options
+(``config.identity``) are loops over the groups.
 
 Settings that depend on the algorithm (model, public fraction, optimizer, lr, gradient clipping)
 default to ``None`` = unset; ``resolve`` fills them once, the same way for ``run``, ``sweep`` and
@@ -48,7 +49,7 @@ from pflbench.config.settings.availability import (
     AvailabilitySpec,
 )
 from pflbench.config.settings.backbone import InitSpec
-from pflbench.config.settings.base import composed_of, declared, option
+from pflbench.config.settings.base import ClientCounts, RunFacts, composed_of, declared, option
 from pflbench.config.settings.execution import MAX_THREADS, PRECISIONS, ExecutorSpec
 from pflbench.config.settings.experiment import key_values as _key_values
 from pflbench.config.settings.local import LocalSpec
@@ -75,6 +76,7 @@ __all__ = [  # the names other modules import from here (their owners: config.se
     "RunConfig",
     "_key_values",
     "check_new_clients_fraction",
+    "check_run",
     "feature_shift_names",
     "field_types",
     "hyperparameters_from",
@@ -195,6 +197,14 @@ class RunConfig:
         return max(1, round(self.num_training_clients * self.frac))
 
     @property
+    def client_counts(self) -> ClientCounts | None:
+        """K_train and M for the run's checks (``check_run``); None while K is unknown (it is set
+        when the plan is fitted to the data)."""
+        if self.num_clients is None:
+            return None
+        return ClientCounts(self.num_training_clients, self.sampled_per_round)
+
+    @property
     def resolved_eval_every(self) -> int:
         return RoundsSettings.of(self).resolved_eval_every
 
@@ -290,6 +300,14 @@ def validate(config: RunConfig) -> None:
         raise RuntimeError(f"validate() needs a resolved config; unset: {', '.join(unset)} (config.resolve)")
     for group in GROUPS:
         group.of(config).validate(config)
+
+
+def check_run(config: RunConfig, run: RunFacts) -> None:
+    """Raise ConfigError naming the first value this run cannot serve, once it knows a part of
+    ``run`` (the algorithm, K, the data or the built upload): each setting group checks its own
+    (``SettingGroup.check_run``), in ``GROUPS`` order."""
+    for group in GROUPS:
+        group.of(config).check_run(config, run)
 
 
 def validate_given(config: RunConfig) -> None:

@@ -85,10 +85,6 @@ class ClientProgram(Generic[H]):
         super().__init_subclass__(**kwargs)
         inherit_no_capabilities(cls, PROGRAM_UNDECLARED)
 
-    # --dp sample: DP-SGD in the batch loop (``engine.privacy.SampleLevelDP``), set on the
-    # algorithm's training program by the round loop; None: ordinary steps
-    sample_privacy: Any = None
-
     def __init__(self, layout: ParamLayout, hparams: H, local: LocalSpec) -> None:
         self.layout, self.hparams, self.local = layout, hparams, local
         self.loss_weights: dict[str, float] = {}  # loss = Σ weight·term (default weight 1)

@@ -5,7 +5,8 @@ attack success rate.
 + ½⌋ of them (at least 1), drawn without replacement from the ``attacks.choice`` stream of the run
 seed: the same clients for every algorithm, every executor and after a resume. The list is
 recorded in config.json (``resolved.attackers``); each round's record lists the attackers that
-reported (``attackers``). A run whose attackers would be every training client is refused.
+reported (``attackers``). A run whose attackers would be every training client is refused (the
+run's checks live with the settings: ``config.settings.attack.AttackSettings.check_run``).
 
 **Data poisoning** (applied once, when the run builds its data, to the attackers' train splits
 only: their validation and test splits, and every honest client, stay clean):
@@ -44,8 +45,8 @@ the aggregation rule; the attacker trains honestly first, Δ = upload − receiv
   on the CPU, so every executor and a resumed run draw the same.
 
 Model poisoning and ``--robust-agg`` need an upload that is a model update averaged by the
-FedAvg rule (``engine.privacy.client_level_refusal``, the same predicate as ``--dp client``);
-the others are refused at start. Data poisoning serves every algorithm.
+FedAvg rule (the ``averaged-upload`` capability, the same predicate as ``--dp client``); the
+others are refused at planning. Data poisoning serves every algorithm.
 """
 
 from __future__ import annotations
@@ -58,26 +59,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from pflbench.config.groups import AttackSpec, RobustSpec
-from pflbench.config.run_config import MODEL_POISONING
+from pflbench.config.groups import AttackSpec
+from pflbench.config.settings.attack import MODEL_POISONING, TRIGGER_SIZE, attacker_count
 from pflbench.data.dataset import TensorDataset
-from pflbench.engine.privacy import client_level_refusal, gaussian_noise_like, model_update
-from pflbench.engine.robust import check_robust_clients
+from pflbench.engine.privacy import gaussian_noise_like, model_update
 from pflbench.engine.types import ClientUpdate, Tensors
-from pflbench.errors import ConfigError
 from pflbench.util.seeding import derive_seed, rng_stream
 
 CHOICE_STREAM, BACKDOOR_STREAM, GAUSSIAN_STREAM = "attacks.choice", "attacks.backdoor", "attacks.gaussian"
-TRIGGER_SIZE = 3  # the backdoor's square patch, in pixels, in the bottom-right corner
 TRIGGER_VALUE = 255  # white, in every channel
 
 
-# ---- who attacks ------------------------------------------------------------------------------
-def attacker_count(num_training: int, fraction: float) -> int:
-    """a = ⌊ρ·K_train + ½⌋, at least 1 when ρ > 0."""
-    return 0 if fraction == 0 else max(1, math.floor(fraction * num_training + 0.5))
-
-
+# ---- who attacks (how many: ``attacker_count``, the attack group's rule) --------------------------
 def choose_attackers(seed: int, training_clients: Sequence[int], fraction: float) -> list[int]:
     """The malicious clients: ``attacker_count`` of ``training_clients``, drawn without
     replacement from the ``attacks.choice`` stream (sorted)."""
@@ -194,70 +187,3 @@ class PoisonedUploads:
 
     def finish(self) -> None:
         self.inner.finish()
-
-
-# ---- checks (one ConfigError line each) -------------------------------------------------------
-def check_attack_algorithm(attack: AttackSpec | None, robust: RobustSpec | None, algorithm: type, algo: str) -> None:
-    """Model poisoning and robust aggregation act on model updates averaged by the FedAvg rule:
-    any other algorithm is refused (the predicate of ``engine.privacy.client_level_refusal``)."""
-    if getattr(algorithm, "uploads_nothing", False):
-        refusal = "it uploads nothing"
-    else:
-        refusal = client_level_refusal(algorithm)
-    if refusal is None:
-        return
-    if robust is not None:
-        raise ConfigError(f"--robust-agg {robust.rule} cannot replace the aggregation of --algo {algo}: {refusal}")
-    if attack is not None and attack.kind in MODEL_POISONING:
-        raise ConfigError(
-            f"--attack {attack.kind} poisons model updates, and --algo {algo} has none to poison: {refusal}; "
-            "data poisoning (--attack label-flip or backdoor) works with it"
-        )
-
-
-def check_attack_uploads(attack: AttackSpec | None, robust: RobustSpec | None, algorithm: Any) -> None:
-    """With the built algorithm: one that uploads nothing (Local) has no update to aggregate
-    robustly or to poison."""
-    if algorithm.layout.shared:
-        return
-    algo = algorithm.config.algo
-    if robust is not None:
-        raise ConfigError(
-            f"--robust-agg {robust.rule}: --algo {algo} uploads nothing, so there is nothing to aggregate"
-        )
-    if attack is not None and attack.kind in MODEL_POISONING:
-        raise ConfigError(
-            f"--attack {attack.kind}: --algo {algo} uploads nothing, so there is no update to poison; "
-            "data poisoning (--attack label-flip or backdoor) works with it"
-        )
-
-
-def check_attack_clients(
-    attack: AttackSpec | None, robust: RobustSpec | None, num_training: int, sampled_per_round: int
-) -> None:
-    """What needs the number of clients: at least one honest training client; Krum's m > 2f + 2."""
-    if attack is not None:
-        count = attacker_count(num_training, attack.fraction)
-        if count >= num_training:
-            raise ConfigError(
-                f"--attackers {attack.fraction:g} makes {count} of the {num_training} training clients malicious, "
-                "leaving no honest client; use a smaller fraction or more clients"
-            )
-    if robust is not None:
-        check_robust_clients(robust, sampled_per_round)
-
-
-def check_backdoor_data(attack: AttackSpec | None, dataset: TensorDataset, name: str) -> None:
-    """The backdoor stamps a patch on images and teaches one of the dataset's classes."""
-    if attack is None or attack.kind != "backdoor":
-        return
-    if not dataset.is_image or min(dataset.input_shape[-2:]) < TRIGGER_SIZE:
-        raise ConfigError(
-            f"--attack backdoor stamps a {TRIGGER_SIZE}×{TRIGGER_SIZE} patch on images, and --dataset {name} "
-            f"has no images of that size (inputs {tuple(dataset.input_shape)}); use --attack label-flip"
-        )
-    if attack.backdoor_target >= dataset.num_classes:
-        raise ConfigError(
-            f"--backdoor-target {attack.backdoor_target} is not a class of --dataset {name} "
-            f"(0 … {dataset.num_classes - 1})"
-        )

@@ -52,6 +52,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from pflbench.config.settings.base import AlgorithmFacts
+
 FEATURES = ("averaged-upload", "dp-sample", "batch-loop", "streaming", "shared-evaluation")
 
 
@@ -166,6 +168,16 @@ def refusal(feature: str, algorithm: type, program: type | None = None) -> str |
     raise ValueError(f"unknown capability feature {feature!r}; valid: {', '.join(FEATURES)}")
 
 
+def algorithm_facts(algorithm: type) -> AlgorithmFacts:
+    """What the setting groups' run checks read of ``algorithm`` (an ``Algorithm`` class):
+    ``refusal`` of every feature, whether it has a global model, whether it uploads nothing."""
+    return AlgorithmFacts(
+        refusals={feature: refusal(feature, algorithm) for feature in FEATURES},
+        has_global_model=bool(algorithm.has_global_model),  # type: ignore[attr-defined]
+        uploads_nothing=bool(getattr(algorithm, "uploads_nothing", False)),
+    )
+
+
 def extra_state_refusal(algorithm: type, extra: list[str]) -> str | None:
     """Why ``algorithm``, which keeps per-client state outside the model (``extra``, names) and
     does not set ``personal_model_is_received``, cannot start, or None: it must declare its own
@@ -197,5 +209,6 @@ __all__ = [
     "PROGRAM_UNDECLARED",
     "FEATURES",
     "refusal",
+    "algorithm_facts",
     "extra_state_refusal",
 ]

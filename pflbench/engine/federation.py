@@ -150,6 +150,8 @@ class Federation:
             if settings.privacy is not None
             else None
         )
+        # --dp sample: DP-SGD's setting, given with every training job (``ClientJob.sample_privacy``)
+        self.sample_privacy = self.privacy.program_privacy() if self.privacy is not None else None
         # --attack (engine.attacks): the malicious clients, the run's fixed seeded choice (their
         # data was poisoned when the run's data was built; model poisoning happens at the seam)
         attack = settings.attack
@@ -181,6 +183,7 @@ class Federation:
                 algorithm.broadcast(k),
                 algorithm.store.get(k),
                 None if plan is None else plan.step_caps[k],
+                self.sample_privacy,
             )
             for k in (sampled if plan is None else plan.training)
         ]
@@ -345,16 +348,11 @@ class BuiltRun(Protocol):
 
 def federation_of(run: BuiltRun, observers: Sequence[RunObserver] = ()) -> Federation:
     """The round loop of a prepared run: its algorithm and executor, the sets its evaluation
-    protocols evaluate on. The one place a run's ``Federation`` is built: with ``--dp sample``
-    the run's DP-SGD setting is installed on the algorithm's program here, once, before any
-    executor ships it (it travels with the program, to every executor)."""
-    federation = Federation(
+    protocols evaluate on. The one place a run's ``Federation`` is built."""
+    return Federation(
         run.algorithm,
         run.executor,
         run.config.federation_spec,
         EvaluationSets.of(run.data, run.partition),
         observers,
     )
-    if federation.privacy is not None:
-        run.algorithm.program.sample_privacy = federation.privacy.program_privacy()
-    return federation

@@ -187,7 +187,7 @@ def standard_local_update(program: BatchLoopProgram, trainer: LocalTrainer) -> L
     sums: dict[str, torch.Tensor] = {}
     total = torch.zeros((), device=trainer.device)
     steps = 0
-    privacy = getattr(program, "sample_privacy", None)  # --dp sample: DP-SGD steps (engine.privacy)
+    privacy = job.sample_privacy  # --dp sample: DP-SGD steps (engine.privacy), given with the job
     noise = privacy.generator(job.seed) if privacy is not None else None
     trainer.model.train()
     for phase in program.local_phases(job.client_id):

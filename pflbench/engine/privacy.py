@@ -75,7 +75,7 @@ import torch
 from torch.func import grad, vmap
 
 from pflbench.config.groups import AvailabilitySpec, PrivacySpec
-from pflbench.engine.algorithm import Algorithm
+from pflbench.config.settings.privacy import check_adaptive_noise, count_noise_std
 from pflbench.engine.availability import over_selected_count
 from pflbench.engine.capabilities import refusal
 from pflbench.engine.types import ClientUpdate, Tensors
@@ -84,7 +84,6 @@ from pflbench.util.seeding import derive_seed
 
 INSTALL_HINT = "pip install 'pflbench[dp]'"
 NOISE_STREAM, COUNT_STREAM, SGD_STREAM = "privacy.noise", "privacy.count", "privacy.sgd"
-PAPER_COUNT_NOISE_DIVISOR = 20  # Andrew et al. 2021 recommend σ_b = m/20
 
 
 # ---- pure functions: the math ------------------------------------------------------------
@@ -130,11 +129,7 @@ def update_noise_multiplier(noise_multiplier: float, count_noise: float) -> floa
     when the clipped-count query with noise σ_b is released too; z = 0 stays 0 (no privacy)."""
     if noise_multiplier == 0:
         return 0.0
-    if not noise_multiplier < 2 * count_noise:
-        raise ConfigError(
-            f"--dp-noise {noise_multiplier:g} with adaptive clipping needs --dp-count-noise > "
-            f"{noise_multiplier / 2:g} (z < 2σ_b, Andrew et al. 2021; 0 = m/20), got σ_b = {count_noise:g}"
-        )
+    check_adaptive_noise(noise_multiplier, count_noise)  # z < 2σ_b (the privacy group's check)
     return (noise_multiplier**-2 - (2 * count_noise) ** -2) ** -0.5
 
 
@@ -226,53 +221,7 @@ def sample_level_refusal(algorithm: type) -> str | None:
 
 def count_noise(spec: PrivacySpec, sampled_per_round: int) -> float:
     """σ_b of adaptive clipping: ``--dp-count-noise``, or the paper's m/20 when it is 0."""
-    return spec.count_noise or sampled_per_round / PAPER_COUNT_NOISE_DIVISOR
-
-
-def check_privacy(
-    spec: PrivacySpec | None, algorithm: type, algo: str, executor: str, sampled_per_round: int | None
-) -> None:
-    """ConfigError, one line, when ``--dp`` cannot give a true ε for this run (checked at
-    planning, before anything is written); also checks that Opacus is installed.
-    ``sampled_per_round``: M, once the number of clients is known (adaptive clipping's z < 2σ_b)."""
-    if spec is None:
-        return
-    if spec.adaptive_quantile and sampled_per_round is not None:
-        update_noise_multiplier(spec.noise, count_noise(spec, sampled_per_round))
-    refusal = client_level_refusal(algorithm) if spec.mode == "client" else sample_level_refusal(algorithm)
-    if refusal is not None:
-        raise ConfigError(f"--dp {spec.mode} cannot make --algo {algo} private: {refusal}")
-    if spec.mode == "sample" and executor == "vmap":
-        raise ConfigError(
-            "--dp sample clips per-sample gradients in the sequential batch loop; use --executor sequential or ray"
-        )
-    opacus_accountant()
-
-
-def check_private_algorithm(spec: PrivacySpec | None, algorithm: Algorithm, sampled_per_round: int) -> None:
-    """What needs the built algorithm and the number of clients (before anything is written): an
-    algorithm that uploads nothing releases nothing to make private; client-level noise on
-    uploaded running statistics (BatchNorm) could make a variance negative; DP-SGD needs
-    per-sample gradients, which a BatchNorm layer (batch statistics) has not; adaptive clipping
-    needs z < 2σ_b (σ_b: m/20 by default)."""
-    if spec is None:
-        return
-    if not algorithm.layout.shared:
-        raise ConfigError(f"--dp: --algo {algorithm.config.algo} uploads nothing, so there is nothing to make private")
-    buffers = [n for n in algorithm.layout.shared if n not in set(algorithm.layout.trainable)]
-    if spec.mode == "client" and buffers:  # e.g. BatchNorm's running variance: noise can make it negative
-        raise ConfigError(
-            f"--dp client cannot noise the running statistics --algo {algorithm.config.algo} uploads "
-            f"({buffers[0]}); use a model without BatchNorm, or fedbn (it keeps them private)"
-        )
-    if spec.adaptive_quantile:
-        update_noise_multiplier(spec.noise, count_noise(spec, sampled_per_round))
-    if spec.mode == "sample":
-        norms = [n for n, m in algorithm.model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-        if norms:
-            raise ConfigError(
-                f"--dp sample cannot clip per-sample gradients through BatchNorm ({norms[0]}); use a model without it (e.g. --model cnn)"
-            )
+    return count_noise_std(spec.count_noise, sampled_per_round)
 
 
 # ---- the server side: the private mean and the accountant ---------------------------------
@@ -306,8 +255,9 @@ class PrivateMean:
 
 @dataclass
 class SampleLevelDP:
-    """What a client program carries under ``--dp sample``: the batch loop replaces each step's
-    gradient with ``private_gradients`` (``engine.local.standard_local_update``)."""
+    """What each training job carries under ``--dp sample`` (``ClientJob.sample_privacy``): the
+    batch loop replaces each step's gradient with ``private_gradients``
+    (``engine.local.standard_local_update``)."""
 
     clip: float
     noise_multiplier: float

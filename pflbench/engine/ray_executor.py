@@ -136,7 +136,7 @@ class ClientWorker:
         program, store = self._context(*context)
         device = self.executor.data.device
         updates = []
-        for client_id, round_index, seed, received, private, max_steps in jobs:
+        for client_id, round_index, seed, received, private, max_steps, sample_privacy in jobs:
             update = self.executor.train_one(
                 program,
                 ClientJob(
@@ -146,6 +146,7 @@ class ClientWorker:
                     unpack(received, store, device),
                     unpack(private, store, device),
                     max_steps,
+                    sample_privacy,
                 ),
             )
             updates.append(
@@ -305,7 +306,7 @@ class RayExecutor:
         dicts = [d for job in jobs for d in (job.received, job.private)]
         store, packed = pack(dicts)
         items = [
-            (job.client_id, job.round, job.seed, packed[2 * i], packed[2 * i + 1], job.max_steps)
+            (job.client_id, job.round, job.seed, packed[2 * i], packed[2 * i + 1], job.max_steps, job.sample_privacy)
             for i, job in enumerate(jobs)
         ]
         updates = self._map("train", program, items, store)

@@ -3,8 +3,9 @@
 Each rule works on the round's model updates Δ_k = upload_k − received (every uploaded tensor,
 the global model as it was broadcast) and the server sets w ← received + rule(Δ_1, …, Δ_m). It
 is selected with ``--robust-agg`` for any algorithm whose upload is a model update averaged by
-the default FedAvg rule (the one predicate of ``engine.privacy.client_level_refusal``); the
-others are refused at start.
+the default FedAvg rule (the ``averaged-upload`` capability, as ``--dp client``); the others
+are refused at planning, as are Krum settings the clients per round cannot meet
+(``config.settings.robust.RobustSettings.check_run``).
 
 - ``median``: the coordinate-wise median (Yin, Chen, Ramchandran, Bartlett, "Byzantine-Robust
   Distributed Learning: Towards Optimal Statistical Rates", ICML 2018). With an even number of
@@ -44,7 +45,6 @@ from pflbench.config.groups import RobustSpec
 from pflbench.config.run_config import ROBUST_AGGREGATORS
 from pflbench.engine.privacy import clip_update, model_update
 from pflbench.engine.types import ClientUpdate, Tensors
-from pflbench.errors import ConfigError
 
 
 # ---- pure functions: the rules on lists of updates ------------------------------------------
@@ -176,18 +176,3 @@ class RobustAggregation:
             if "clipped" in found:
                 self.record["robust_clipped_frac"] = found["clipped"] / len(self.updates)
         self.updates = []
-
-
-# ---- checks (one ConfigError line each) -------------------------------------------------------
-def check_robust_clients(spec: RobustSpec, sampled_per_round: int) -> None:
-    """What needs M, the clients sampled per round: Krum's m > 2f + 2, Multi-Krum selecting at most m."""
-    if spec.rule in ("krum", "multi-krum") and sampled_per_round < 2 * spec.krum_f + 3:
-        raise ConfigError(
-            f"--robust-agg {spec.rule} with --krum-f {spec.krum_f} needs more than 2f + 2 = "
-            f"{2 * spec.krum_f + 2} clients per round (Blanchard et al. 2017), got {sampled_per_round}; "
-            "lower --krum-f or sample more clients"
-        )
-    if spec.rule == "multi-krum" and spec.krum_select > sampled_per_round:
-        raise ConfigError(
-            f"--krum-select {spec.krum_select} is more than the {sampled_per_round} clients sampled per round"
-        )

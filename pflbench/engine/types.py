@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -75,6 +76,9 @@ class ClientJob:
     received: Tensors
     private: Tensors
     max_steps: int | None = None  # partial work (--deadline-policy partial): at most this many local steps
+    # --dp sample: DP-SGD's clip and noise in the batch loop (``engine.privacy.SampleLevelDP``),
+    # given by the round loop with each job (the client program is the plugin's: never written to)
+    sample_privacy: Any = None
 
 
 @dataclass

@@ -19,21 +19,15 @@ import torch
 from pflbench.config import lora
 from pflbench.config.defaults import model_family
 from pflbench.config.identity import partition_identity
-from pflbench.config.run_config import RunConfig, hyperparameters_from, resolve, validate
+from pflbench.config.run_config import RunConfig, check_run, hyperparameters_from, resolve, validate
+from pflbench.config.settings import DataFacts, RunFacts, UploadFacts
 from pflbench.data.dataset import FederatedData, TensorDataset, load_dataset
 from pflbench.data.partition import fit_num_clients, make_partition
 from pflbench.engine import EXECUTORS, Algorithm
-from pflbench.engine.attacks import (
-    check_attack_algorithm,
-    check_attack_clients,
-    check_attack_uploads,
-    check_backdoor_data,
-    choose_attackers,
-    poison_data,
-)
-from pflbench.engine.capabilities import refusal
+from pflbench.engine.attacks import choose_attackers, poison_data
+from pflbench.engine.capabilities import algorithm_facts
 from pflbench.engine.executor import check_executor, make_executor
-from pflbench.engine.privacy import check_privacy, check_private_algorithm
+from pflbench.engine.privacy import opacus_accountant
 from pflbench.engine.vmap import unsupported_reason
 from pflbench.errors import ConfigError
 from pflbench.models.pretrain import initial_weights, load_initial_weights
@@ -99,10 +93,26 @@ class RunPlan:
         return run_folder(self.config.out, self.identity.name)
 
     def fitted(self, dataset: TensorDataset | Callable[[], TensorDataset]) -> RunPlan:
-        """This plan with the number of clients set by the one rule (``data.partition.fit_num_clients``);
-        this very plan (its identity kept) when it was fitted already."""
+        """This plan with the number of clients set by the one rule (``data.partition.fit_num_clients``),
+        checked against what needs K now that it is known (``check_run``: planning checked it when K
+        was given); this very plan (its identity kept) when it was fitted already."""
         config = fit_num_clients(self.config, dataset)
-        return self if config == self.config else dataclasses.replace(self, config=config)
+        if config == self.config:
+            return self
+        check_run(config, RunFacts(clients=config.client_counts))
+        return dataclasses.replace(self, config=config)
+
+
+def data_facts(name: str, dataset: TensorDataset) -> DataFacts:
+    return DataFacts(name, dataset.is_image, tuple(dataset.input_shape), dataset.num_classes)
+
+
+def upload_facts(algorithm: Algorithm) -> UploadFacts:
+    """What the built ``algorithm`` uploads: anything at all, the untrained buffers among it
+    (BatchNorm's running statistics) and its model's BatchNorm layers (no per-sample gradients)."""
+    shared, trainable = algorithm.layout.shared, set(algorithm.layout.trainable)
+    norms = (n for n, m in algorithm.model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm))
+    return UploadFacts(bool(shared), tuple(n for n in shared if n not in trainable), tuple(norms))
 
 
 def plan_run(
@@ -118,22 +128,17 @@ def plan_run(
     algorithm_class = ALGORITHMS.get(config.algo)
     hparams = hyperparameters_from(algorithm_class.hyperparameters, dict(algo_options or {}), config.algo)
     config, applied = resolve(config, algorithm_class, hparams, shared_defaults)
-    validate(config)
+    can_serve = algorithm_facts(algorithm_class)  # its declared capabilities, read once
+    validate(config)  # each setting group its values; then what this algorithm and, when K is given
+    # (else once it is fitted: ``RunPlan.fitted``), the clients can serve: --dp, --attack, ...
+    check_run(config, RunFacts(algorithm=can_serve, clients=config.client_counts))
     # --threads 0 becomes the count it means here: recorded, it is what shaped the numbers and
     # what ``rerun`` uses on another machine (the count is part of the identity on the CPU)
     config = dataclasses.replace(config, threads=resolved_threads(config.threads))
     algorithm_class.check_config(config, hparams)
     check_model_name(str(config.model))  # before any data is prepared (a typo costs no download)
-    sampled = config.sampled_per_round if config.num_clients is not None else None  # else checked once fitted
-    check_privacy(config.privacy_spec, algorithm_class, config.algo, config.executor, sampled)  # a true ε or a refusal
-    check_partial_work(config, algorithm_class)
-    check_attack_algorithm(config.attack_spec, config.robust_spec, algorithm_class, config.algo)
-    if config.num_clients is not None:  # else checked once K is fitted (prepare)
-        check_attack_clients(config.attack_spec, config.robust_spec, config.num_training_clients, sampled)
-    if config.finetune_epochs and not algorithm_class.has_global_model:
-        raise ConfigError(
-            f"--finetune-epochs fine-tunes the global model, and --algo {config.algo} has none; leave it at 0"
-        )
+    if config.privacy_spec is not None:
+        opacus_accountant()  # --dp's accountant: Opacus installed
     if config.executor not in EXECUTORS:
         raise ConfigError(f"--executor {config.executor!r} is not one of: {', '.join(EXECUTORS)}")
     check_executor(config.executor)  # e.g. Ray installed
@@ -141,19 +146,6 @@ def plan_run(
         check_trackers(config.log)  # an unknown tracker or a missing library fails before any work
     check_precision(config.precision, resolve_device(config.device))  # bf16 on a device without it: refused
     return RunPlan(config, algorithm_class, hparams, applied)
-
-
-def check_partial_work(config: RunConfig, algorithm_class: Any) -> None:
-    """``--deadline-policy partial`` caps the engine's batch loop; an algorithm with its own local
-    update (its program declares no ``batch_loop``, ``engine.capabilities``) would ignore the cap:
-    refused."""
-    if config.deadline is None or config.deadline_policy != "partial":
-        return
-    if refusal("batch-loop", algorithm_class) is not None:  # declared by its program class
-        raise ConfigError(
-            f"--deadline-policy partial caps the local steps of the engine's batch loop, and --algo "
-            f"{config.algo} trains with its own local update; use --deadline-policy drop"
-        )
 
 
 def preflight(plans: list[RunPlan]) -> None:
@@ -209,11 +201,10 @@ def prepare(
     run_dir = plan.run_dir
     if guard is not None:
         guard(run_dir)
+    check_run(config, RunFacts(data=data_facts(config.dataset, dataset)))  # e.g. --attack backdoor: images
     split = make_partition(config.partition_spec, dataset)
     training_clients = [k for k in range(len(split.train)) if k not in set(split.new_clients)]
     attack = config.attack_spec
-    check_attack_clients(attack, config.robust_spec, len(training_clients), config.sampled_per_round)
-    check_backdoor_data(attack, dataset, config.dataset)
     if config.init_spec.pretrains(uses_lora):
         check_model(config, algorithm_class, hparams, dataset)
     weights = initial_weights(config, dataset, split.public, device, uses_lora)
@@ -234,8 +225,7 @@ def prepare(
         )
     data = FederatedData(dataset, split.train, split.test, device, split.val, split.ood, backdoor)
     algorithm = algorithm_class(config, hparams, model, data.num_train)
-    check_private_algorithm(config.privacy_spec, algorithm, config.sampled_per_round)  # --dp: no BatchNorm, ...
-    check_attack_uploads(config.attack_spec, config.robust_spec, algorithm)  # Local: nothing to aggregate
+    check_run(config, RunFacts(upload=upload_facts(algorithm)))  # --dp: no BatchNorm; Local: nothing to aggregate
     algorithm.client_domains = split.domain_labels  # partition.json's client_domains (IFCA scores its clusters)
     executor = make_executor(config.executor_spec, model, data)
     executor.check_algorithm(algorithm)  # an executor refuses what it cannot host now, not mid-run

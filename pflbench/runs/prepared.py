@@ -27,8 +27,8 @@ class RunIdentity:
     @classmethod
     def of(cls, config: RunConfig, algorithm_class: Any, hparams: Any) -> RunIdentity:
         settings = identity_owner.identity_settings(config, algorithm_class, hparams)
-        name = identity_owner.run_name(config, algorithm_class, hparams)
-        return cls(settings, identity_owner.identity_hash(settings), name)
+        digest = identity_owner.identity_hash(settings)
+        return cls(settings, digest, identity_owner.folder_name(config, digest))
 
 
 @dataclass

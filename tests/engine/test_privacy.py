@@ -288,7 +288,7 @@ def test_off_by_default_changes_nothing() -> None:
     assert identity_settings(private, algorithm, hparams)["dp"] == "client"
     assert run_name(private, algorithm, hparams) != run_name(config, algorithm, hparams)
     server = harness()
-    assert server.federation.privacy is None and server.program.sample_privacy is None
+    assert server.federation.privacy is None and server.federation.sample_privacy is None
     records: list[dict] = []
     server.run(records.append)
     assert not any(key.startswith("dp_") for key in records[-1])

@@ -1,7 +1,8 @@
 """The setting groups that make up a run's configuration, each the one owner of its options'
 declaration (name, type, default, help), their checks, their share of the run identity and
 which of them a run does not read (``base.SettingGroup``). ``RunConfig`` composes them
-(``config.run_config``); validation, identity and the refusal of inert options loop over
+(``config.run_config``); validation, the run's checks (``check_run``: what the algorithm, K,
+the data or the built upload must allow), identity and the refusal of inert options loop over
 ``GROUPS``."""
 
 from __future__ import annotations
@@ -11,7 +12,15 @@ from typing import Any
 from pflbench.config.settings.attack import AttackSettings
 from pflbench.config.settings.availability import AvailabilitySettings
 from pflbench.config.settings.backbone import BackboneSettings
-from pflbench.config.settings.base import RunReads, SettingGroup
+from pflbench.config.settings.base import (
+    AlgorithmFacts,
+    ClientCounts,
+    DataFacts,
+    RunFacts,
+    RunReads,
+    SettingGroup,
+    UploadFacts,
+)
 from pflbench.config.settings.execution import ExecutionSettings
 from pflbench.config.settings.experiment import ExperimentSettings
 from pflbench.config.settings.local import LocalSettings
@@ -27,9 +36,12 @@ from pflbench.config.settings.rounds import RoundsSettings
 __all__ = [
     "GROUPS",
     "OMITTED_AT_DEFAULT",
+    "AlgorithmFacts",
     "AttackSettings",
     "AvailabilitySettings",
     "BackboneSettings",
+    "ClientCounts",
+    "DataFacts",
     "ExecutionSettings",
     "ExperimentSettings",
     "LoRASettings",
@@ -41,8 +53,10 @@ __all__ = [
     "PrivacySettings",
     "RobustSettings",
     "RoundsSettings",
+    "RunFacts",
     "RunReads",
     "SettingGroup",
+    "UploadFacts",
 ]
 
 # In the order their checks run (the first bad value is the one reported).

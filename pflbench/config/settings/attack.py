@@ -1,6 +1,6 @@
 """Malicious clients (``engine.attacks``): which attack, how many attackers, and each attack's
-own parameters. What needs the number of clients or the algorithm is checked by
-``engine.attacks`` once they are known."""
+own parameters. What needs the algorithm, the number of clients, the data or the built upload
+is checked here too, once the run knows it (``AttackSettings.check_run``)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,24 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from pflbench.config.settings.base import RunReads, SettingGroup, check_choice, option, refuse_first
+from pflbench.config.settings.base import RunFacts, RunReads, SettingGroup, check_choice, option, refuse_first
+from pflbench.errors import ConfigError
 
 ATTACKS = ("none", "label-flip", "sign-flip", "scale", "gaussian", "backdoor")  # --attack (engine.attacks)
 MODEL_POISONING = ("sign-flip", "scale", "gaussian")  # attacks on the uploads (the rest poison the data)
 SCALED_ATTACKS = ("scale", "gaussian")  # the attacks that read --attack-scale
+TRIGGER_SIZE = 3  # the backdoor's square patch, in pixels, in the bottom-right corner
+
+
+def attacker_count(num_training: int, fraction: float) -> int:
+    """a = ⌊ρ·K_train + ½⌋, at least 1 when ρ > 0."""
+    return 0 if fraction == 0 else max(1, math.floor(fraction * num_training + 0.5))
 
 
 @dataclass(frozen=True)
 class AttackSettings(SettingGroup):
     title = "Attacks"
+    section = "Attacks and robust aggregation"
     omitted_at_default = ("attack",)
 
     attack: str = option(
@@ -77,6 +85,48 @@ class AttackSettings(SettingGroup):
                 ),
             ]
         )
+
+    def check_run(self, config: Any, run: RunFacts) -> None:
+        """Model poisoning needs an upload that is a model update averaged by the FedAvg rule
+        (the algorithm's ``averaged-upload`` capability) and one at all (the built upload); at
+        least one training client stays honest (K); the backdoor stamps a patch on images and
+        teaches one of the dataset's classes (the data)."""
+        if self.attack == "none":
+            return
+        poisons_models = self.attack in MODEL_POISONING
+        algorithm = run.algorithm
+        if algorithm is not None and poisons_models:
+            refusal = "it uploads nothing" if algorithm.uploads_nothing else algorithm.refusals["averaged-upload"]
+            if refusal is not None:
+                raise ConfigError(
+                    f"--attack {self.attack} poisons model updates, and --algo {config.algo} has none to poison: "
+                    f"{refusal}; data poisoning (--attack label-flip or backdoor) works with it"
+                )
+        if run.clients is not None:
+            num_training = run.clients.num_training
+            count = attacker_count(num_training, self.attackers)
+            if count >= num_training:
+                raise ConfigError(
+                    f"--attackers {self.attackers:g} makes {count} of the {num_training} training clients "
+                    "malicious, leaving no honest client; use a smaller fraction or more clients"
+                )
+        data = run.data
+        if data is not None and self.attack == "backdoor":
+            if not data.is_image or min(data.input_shape[-2:]) < TRIGGER_SIZE:
+                raise ConfigError(
+                    f"--attack backdoor stamps a {TRIGGER_SIZE}×{TRIGGER_SIZE} patch on images, and --dataset "
+                    f"{data.name} has no images of that size (inputs {tuple(data.input_shape)}); use --attack label-flip"
+                )
+            if self.backdoor_target >= data.num_classes:
+                raise ConfigError(
+                    f"--backdoor-target {self.backdoor_target} is not a class of --dataset {data.name} "
+                    f"(0 … {data.num_classes - 1})"
+                )
+        if run.upload is not None and poisons_models and not run.upload.uploads:
+            raise ConfigError(
+                f"--attack {self.attack}: --algo {config.algo} uploads nothing, so there is no update to poison; "
+                "data poisoning (--attack label-flip or backdoor) works with it"
+            )
 
     def identity(self, run: RunReads) -> dict[str, Any]:
         """None while every client is honest (runs made before attacks keep their folders)."""

@@ -7,7 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pflbench.config.settings.base import RunReads, SettingGroup, check_choice, finite, option, refuse_first
+from pflbench.config.settings.base import (
+    RunFacts,
+    RunReads,
+    SettingGroup,
+    check_choice,
+    finite,
+    option,
+    refuse_first,
+)
 from pflbench.errors import ConfigError
 
 AVAILABILITY_TRACES = ("always", "bernoulli", "cyclic")  # --availability (engine.availability)
@@ -127,6 +135,18 @@ class AvailabilitySettings(SettingGroup):
             raise ConfigError(
                 "--deadline-policy partial caps each client's local steps, which --executor vmap cannot; "
                 "use --executor sequential or ray"
+            )
+
+    def check_run(self, config: Any, run: RunFacts) -> None:
+        """``--deadline-policy partial`` caps the engine's batch loop; an algorithm with its own
+        local update (its program declares no ``batch_loop``: the ``batch-loop`` capability)
+        would ignore the cap: refused."""
+        if run.algorithm is None or self.deadline is None or self.deadline_policy != "partial":
+            return
+        if run.algorithm.refusals["batch-loop"] is not None:
+            raise ConfigError(
+                f"--deadline-policy partial caps the local steps of the engine's batch loop, and --algo "
+                f"{config.algo} trains with its own local update; use --deadline-policy drop"
             )
 
     def identity(self, run: RunReads) -> dict[str, Any]:

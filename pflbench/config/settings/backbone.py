@@ -14,6 +14,7 @@ class BackboneSettings(SettingGroup):
     """Also the view the initial-weights stage reads (``InitSpec``): the same fields."""
 
     title = "Initial weights"
+    section = "Model and initialization"
 
     pretrained: bool = option(False, "Start from timm's hub weights (network or a filled HF cache).")
     weights: str | None = option(None, "Start from a local state dict file (a head of another shape is skipped).")

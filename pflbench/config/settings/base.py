@@ -1,10 +1,12 @@
 """What a setting group is: a frozen dataclass that owns a part of ``RunConfig``.
 
 A group declares its options (``option``: name, type, default and help, the one place each is
-written), checks its values (``validate``), says what it contributes to a run's identity
-(``identity``) and which of its settings a given run does not read (``inert``). ``RunConfig``
-takes each field's declaration from its group (``declared``), and validation, identity and the
-refusal of inert options are loops over the groups (``config.settings.GROUPS``).
+written), checks its values (``validate``) and what a run can serve of them once the algorithm,
+the number of clients, the data or the built upload is known (``check_run``), says what it
+contributes to a run's identity (``identity``) and which of its settings a given run does not
+read (``inert``). ``RunConfig`` takes each field's declaration from its group (``declared``),
+and validation, the run's checks, identity and the refusal of inert options are loops over the
+groups (``config.settings.GROUPS``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -71,6 +73,60 @@ class RunReads:
         return bool(getattr(self.algorithm, "uses_head_layers", False)) or self.uses_lora
 
 
+@dataclass(frozen=True)
+class AlgorithmFacts:
+    """What the checks read of the algorithm class (known at planning): why it cannot serve
+    each run feature that needs a capability (``engine.capabilities.refusal``, by feature name;
+    None: served), whether it has a global model and whether it uploads nothing (Local)."""
+
+    refusals: Mapping[str, str | None]
+    has_global_model: bool
+    uploads_nothing: bool
+
+
+@dataclass(frozen=True)
+class ClientCounts:
+    """K_train (the clients that train) and M (the clients sampled per round), once K is known."""
+
+    num_training: int
+    sampled_per_round: int
+
+
+@dataclass(frozen=True)
+class DataFacts:
+    """What the checks read of the loaded dataset (its name: ``--dataset``)."""
+
+    name: str
+    is_image: bool
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+
+@dataclass(frozen=True)
+class UploadFacts:
+    """What the checks read of the built algorithm's upload: whether it uploads anything, the
+    uploaded tensors that are not trained (buffers: BatchNorm's running statistics) and the
+    BatchNorm layers of its model."""
+
+    uploads: bool
+    buffers: tuple[str, ...]
+    batch_norms: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a run's checks read besides its settings (``SettingGroup.check_run``). A run learns
+    each part once, at a stage of its preparation (``runs.prepare``): the algorithm when it is
+    planned, the client counts when K is known (planned or fitted), the data when it is loaded,
+    the upload when the algorithm is built. Each check reads one part and runs when that part
+    is given, so it runs once."""
+
+    algorithm: AlgorithmFacts | None = None
+    clients: ClientCounts | None = None
+    data: DataFacts | None = None
+    upload: UploadFacts | None = None
+
+
 class SettingGroup:
     """Base of the setting groups (each a frozen dataclass whose fields are ``RunConfig``'s).
 
@@ -78,6 +134,9 @@ class SettingGroup:
     default (added after runs were recorded, so those runs keep their folders)."""
 
     title: ClassVar[str] = ""
+    # the ``--help`` section that lists its options (``cli.help``): its title, unless it shares
+    # one with related groups (attacks and robust aggregation, ...)
+    section: ClassVar[str] = ""
     omitted_at_default: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
@@ -100,6 +159,11 @@ class SettingGroup:
     def validate(self, config: Any) -> None:
         """ConfigError naming the first bad value (``config``: the whole, resolved run config,
         for the checks that span groups)."""
+
+    def check_run(self, config: Any, run: RunFacts) -> None:
+        """ConfigError naming the first value this run cannot serve, for the checks that need
+        what only the run knows (``run``: the algorithm, K, the data, the built upload; each
+        part checked when it is given, ``RunFacts``)."""
 
     def identity(self, run: RunReads) -> dict[str, Any]:
         """The settings of this group the run reads: its share of the run identity."""

@@ -13,6 +13,7 @@ from pflbench.errors import ConfigError
 @dataclass(frozen=True)
 class ModelSettings(SettingGroup):
     title = "Model"
+    section = "Model and initialization"
 
     model: str | None = option(
         None,

@@ -14,6 +14,7 @@ from pflbench.errors import ConfigError
 @dataclass(frozen=True)
 class NewClientsSettings(SettingGroup):
     title = "New clients"
+    section = "Clients and rounds"
     omitted_at_default = ("new_clients",)  # runs made before new clients keep their folders
 
     new_clients: float = option(

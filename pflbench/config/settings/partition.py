@@ -41,6 +41,7 @@ Partitioned = Any
 @dataclass(frozen=True)
 class PartitionSettings(SettingGroup):
     title = "Partition"
+    section = "Data and partition"
 
     partition: str = option("dirichlet", "Partitioner (see `pflbench list partitioners`).")
     alpha: float = option(0.5, "Dirichlet concentration: 0.1 strong skew, 1 mild, 100 ≈ IID.")

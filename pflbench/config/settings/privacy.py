@@ -1,5 +1,7 @@
 """Differential privacy (``engine.privacy``): DP-FedAvg on the client updates or DP-SGD on the
-clients, the clip norm, the noise, the δ of the reported ε and adaptive clipping."""
+clients, the clip norm, the noise, the δ of the reported ε and adaptive clipping; and what the
+algorithm, the clients sampled per round and the built upload must allow for a true ε
+(``PrivacySettings.check_run``)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,26 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from pflbench.config.settings.base import RunReads, SettingGroup, check_choice, option, refuse_first
+from pflbench.config.settings.base import RunFacts, RunReads, SettingGroup, check_choice, option, refuse_first
+from pflbench.errors import ConfigError
 
 DP_MODES = ("off", "client", "sample")  # --dp (engine.privacy)
+PAPER_COUNT_NOISE_DIVISOR = 20  # Andrew et al. 2021 recommend σ_b = m/20
+
+
+def count_noise_std(count_noise: float, sampled_per_round: int) -> float:
+    """σ_b of adaptive clipping: ``--dp-count-noise``, or the paper's m/20 when it is 0."""
+    return count_noise or sampled_per_round / PAPER_COUNT_NOISE_DIVISOR
+
+
+def check_adaptive_noise(noise_multiplier: float, count_noise: float) -> None:
+    """Adaptive clipping releases the clipped count too, so the update keeps
+    z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2), which needs z < 2σ_b (z = 0: no privacy, nothing to check)."""
+    if noise_multiplier != 0 and not noise_multiplier < 2 * count_noise:
+        raise ConfigError(
+            f"--dp-noise {noise_multiplier:g} with adaptive clipping needs --dp-count-noise > "
+            f"{noise_multiplier / 2:g} (z < 2σ_b, Andrew et al. 2021; 0 = m/20), got σ_b = {count_noise:g}"
+        )
 
 
 @dataclass(frozen=True)
@@ -88,6 +107,42 @@ class PrivacySettings(SettingGroup):
                 ),
             ]
         )
+
+    def check_run(self, config: Any, run: RunFacts) -> None:
+        """A true ε or a refusal: client-level DP replaces the FedAvg average of model updates,
+        DP-SGD clips in the engine's batch loop (the algorithm's capabilities; sequential or Ray
+        only); adaptive clipping needs z < 2σ_b (σ_b: m/20 by default, M known); the built
+        algorithm must upload something, no running statistics under client-level noise (a
+        variance could turn negative) and no BatchNorm under DP-SGD (no per-sample gradients)."""
+        if self.dp == "off":
+            return
+        if run.algorithm is not None:
+            feature = "averaged-upload" if self.dp == "client" else "dp-sample"
+            refusal = run.algorithm.refusals[feature]
+            if refusal is not None:
+                raise ConfigError(f"--dp {self.dp} cannot make --algo {config.algo} private: {refusal}")
+            if self.dp == "sample" and config.executor == "vmap":
+                raise ConfigError(
+                    "--dp sample clips per-sample gradients in the sequential batch loop; "
+                    "use --executor sequential or ray"
+                )
+        if run.clients is not None and self.dp_adaptive_quantile:
+            check_adaptive_noise(self.dp_noise, count_noise_std(self.dp_count_noise, run.clients.sampled_per_round))
+        upload = run.upload
+        if upload is None:
+            return
+        if not upload.uploads:
+            raise ConfigError(f"--dp: --algo {config.algo} uploads nothing, so there is nothing to make private")
+        if self.dp == "client" and upload.buffers:
+            raise ConfigError(
+                f"--dp client cannot noise the running statistics --algo {config.algo} uploads "
+                f"({upload.buffers[0]}); use a model without BatchNorm, or fedbn (it keeps them private)"
+            )
+        if self.dp == "sample" and upload.batch_norms:
+            raise ConfigError(
+                f"--dp sample cannot clip per-sample gradients through BatchNorm ({upload.batch_norms[0]}); "
+                "use a model without it (e.g. --model cnn)"
+            )
 
     def identity(self, run: RunReads) -> dict[str, Any]:
         """None without --dp (runs made before it keep their folders); the adaptive clipping's

@@ -1,4 +1,6 @@
-"""Robust aggregation of the model updates (``engine.robust``): the rule and its parameters."""
+"""Robust aggregation of the model updates (``engine.robust``): the rule and its parameters, and
+what the algorithm, the clients sampled per round and the built upload must allow
+(``RobustSettings.check_run``)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from pflbench.config.settings.base import RunReads, SettingGroup, check_choice, option, refuse_first
+from pflbench.config.settings.base import RunFacts, RunReads, SettingGroup, check_choice, option, refuse_first
+from pflbench.errors import ConfigError
 
 ROBUST_AGGREGATORS = ("none", "median", "trimmed-mean", "krum", "multi-krum", "norm-bound")  # engine.robust
 # The parameters each rule reads (the rest are inert under it).
@@ -21,6 +24,7 @@ RULE_PARAMETERS: dict[str, tuple[str, ...]] = {
 @dataclass(frozen=True)
 class RobustSettings(SettingGroup):
     title = "Robust aggregation"
+    section = "Attacks and robust aggregation"
     omitted_at_default = ("robust_agg",)
 
     robust_agg: str = option(
@@ -69,6 +73,36 @@ class RobustSettings(SettingGroup):
                 ),
             ]
         )
+
+    def check_run(self, config: Any, run: RunFacts) -> None:
+        """The rule replaces the FedAvg average of model updates (the algorithm's
+        ``averaged-upload`` capability) and needs uploads (the built upload); with M clients
+        sampled per round, Krum needs m > 2f + 2 and Multi-Krum selects at most m."""
+        if self.robust_agg == "none":
+            return
+        rule, algorithm = self.robust_agg, run.algorithm
+        if algorithm is not None:
+            refusal = "it uploads nothing" if algorithm.uploads_nothing else algorithm.refusals["averaged-upload"]
+            if refusal is not None:
+                raise ConfigError(
+                    f"--robust-agg {rule} cannot replace the aggregation of --algo {config.algo}: {refusal}"
+                )
+        if run.clients is not None:
+            sampled = run.clients.sampled_per_round
+            if rule in ("krum", "multi-krum") and sampled < 2 * self.krum_f + 3:
+                raise ConfigError(
+                    f"--robust-agg {rule} with --krum-f {self.krum_f} needs more than 2f + 2 = "
+                    f"{2 * self.krum_f + 2} clients per round (Blanchard et al. 2017), got {sampled}; "
+                    "lower --krum-f or sample more clients"
+                )
+            if rule == "multi-krum" and self.krum_select > sampled:
+                raise ConfigError(
+                    f"--krum-select {self.krum_select} is more than the {sampled} clients sampled per round"
+                )
+        if run.upload is not None and not run.upload.uploads:
+            raise ConfigError(
+                f"--robust-agg {rule}: --algo {config.algo} uploads nothing, so there is nothing to aggregate"
+            )
 
     def identity(self, run: RunReads) -> dict[str, Any]:
         """None while off (runs made before robust rules keep their folders); else the rule and

@@ -7,12 +7,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from pflbench.config.settings.base import RunReads, SettingGroup, option, refuse_first
+from pflbench.config.settings.base import RunFacts, RunReads, SettingGroup, option, refuse_first
+from pflbench.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class RoundsSettings(SettingGroup):
     title = "Rounds"
+    section = "Clients and rounds"
     omitted_at_default = ("finetune_epochs",)  # runs made before FedAvg-FT keep their folders
 
     frac: float = option(1.0, "Fraction of the training clients sampled per round, M = max(1, round(K_train·frac)).")
@@ -46,6 +48,13 @@ class RoundsSettings(SettingGroup):
                 ),
             ]
         )
+
+    def check_run(self, config: Any, run: RunFacts) -> None:
+        """FedAvg-FT fine-tunes the global model: an algorithm without one is refused."""
+        if run.algorithm is not None and self.finetune_epochs and not run.algorithm.has_global_model:
+            raise ConfigError(
+                f"--finetune-epochs fine-tunes the global model, and --algo {config.algo} has none; leave it at 0"
+            )
 
     def identity(self, run: RunReads) -> dict[str, Any]:
         read: dict[str, Any] = {
