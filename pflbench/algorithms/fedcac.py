@@ -57,7 +57,9 @@ Choices the paper leaves open, and what this file does:
 
 Evaluation: ``pers_acc`` uses m_k ⊙ θ̃_k + (1 − m_k) ⊙ θ̄ with k's own buffers (the model it
 starts its next round from, PFLlib's evaluation); a client never trained uses θ̄. ``global_acc``
-uses θ̄ with the initial buffers. New clients (``--new-clients``): the paper has no rule; a new
+uses θ̄ with the initial buffers. (Each client is evaluated with its own mixed model: until
+2026-11-28 the engine's one-pass shortcut for algorithms without private tensors evaluated every
+client with θ̄, so FedCAC's pers_acc was its global model's; runs from before are stale.) New clients (``--new-clients``): the paper has no rule; a new
 client has no mask, so it trains θ̄ for ``--local-epochs`` epochs on its train split (its first
 round's local update) and is tested with the result (``FineTuneProgram``).
 

@@ -23,7 +23,9 @@ feature                   needs
 ``streaming``             the FedAvg rule folded in upload by upload (``streaming_aggregate``'s
                           default): the FedAvg average and diagnostics that read no uploads
 ``shared-evaluation``     one evaluation pass for every client (``clients_share_one_model``):
-                          the personal model is the received one
+                          the personal model is the received one and every client receives
+                          the same model (a per-client ``broadcast``, e.g. FedCAC's, is not
+                          the global model: each client is evaluated with its own)
 ========================  ======================================================================
 
 **Safe defaults: capabilities are not inherited.** A capability is a promise about a class's
@@ -164,7 +166,9 @@ def refusal(feature: str, algorithm: type, program: type | None = None) -> str |
             return "its aggregation is not the FedAvg average"
         return None if caps.diagnostics_without_uploads else "its round diagnostics read the whole list of uploads"
     if feature == "shared-evaluation":
-        return None if caps.received_personal_model else "its personal model is not the received one"
+        if not caps.received_personal_model:
+            return "its personal model is not the received one"
+        return None if caps.same_broadcast else "clients receive different models (it overrides broadcast)"
     raise ValueError(f"unknown capability feature {feature!r}; valid: {', '.join(FEATURES)}")
 
 

@@ -140,6 +140,16 @@ def test_batchnorm_statistics_stay_private(tmp_path: Path) -> None:
     assert FedCAC.method_family == "decoupling" and FedCAC.has_global_model
 
 
+def test_each_client_is_evaluated_with_its_own_mixed_model(tmp_path: Path) -> None:
+    """Regression: FedCAC holds no private tensors and its personal model is what it would
+    receive, but clients receive different models (its broadcast), so evaluation must not take
+    the one-pass shortcut for a shared model (it did: pers_acc was the global model's accuracy)."""
+    algorithm = prepare(tiny_run("fedcac", tmp_path)).algorithm
+    assert not algorithm.layout.private and not algorithm.clients_share_one_model()
+    summary = run_experiment(sgd_run(tmp_path / "run"), {"beta": 1})
+    assert summary["pers_acc_weighted"] != summary["global_acc"]  # equal while each got θ̄
+
+
 # ---- every executor, resume -----------------------------------------------------------------------
 def sgd_run(out: Path, **settings) -> RunConfig:
     base = dict(dataset="digits", model="mlp", num_clients=4, rounds=3, alpha=0.3, optimizer="sgd", lr=0.05)

@@ -143,6 +143,10 @@ def test_the_refusals_keep_their_words() -> None:
         == "Ditto's client program overrides local_update (a custom local training loop)"
     )
     assert refusal("streaming", get("fednova")) is not None  # its own rule: aggregate gets the list
+    # one evaluation pass for all clients needs the same received model for all (FedCAC: not)
+    assert refusal("shared-evaluation", FedAvg) is None
+    assert refusal("shared-evaluation", OwnBroadcast) == "clients receive different models (it overrides broadcast)"
+    assert refusal("shared-evaluation", get("fedcac")) is not None
 
 
 def test_every_builtin_algorithm_declares_its_capabilities() -> None:
