@@ -195,23 +195,64 @@ def algorithm_cells(
         study = run_study(plan, plugins, jobs, echo)
     else:
         study = read_json(plan.path(".json")) if plan.path(".json").is_file() else None
-    best = (study or {}).get("best")
-    cells = [
-        Cell(algo, "default", run_.config.seed, run_, {})
-        for run_ in expand_grid(base, _grid(scenario, algo, seeds), jobs)
+    defaults = [
+        Cell(algo, "default", r.config.seed, r, {}) for r in expand_grid(base, _grid(scenario, algo, seeds), jobs)
     ]
-    if best is None:
-        note = "its tuning study has no completed trial" if study else "not tuned yet"
-        cells += [Cell(algo, "tuned", seed, None, {}, note) for seed in seeds]
-    else:
-        params = dict(best["params"])
-        tuned = expand_grid(base, _grid(scenario, algo, seeds, params), jobs)
-        cells += [Cell(algo, "tuned", run_.config.seed, run_, params) for run_ in tuned]
+    grid = _grid(scenario, algo, seeds)
+
+    def tuned_runs(params: dict[str, Any]) -> list[SweepRun]:
+        return expand_grid(base, _grid(scenario, algo, seeds, params), jobs)
+
+    params, rejected = choose_tuned(study, tuned_runs)
     if run:
-        runs = list({c.run.name: c.run for c in cells if c.run is not None}.values())  # tuned = default: once
-        grid = _grid(scenario, algo, seeds)
-        run_sweep(runs, sweep_record_path(base.out, grid, base), grid, base, plugins, _reporter(echo, runs), jobs=jobs)
-    return cells, study
+        done: set[str] = set()
+        while True:  # the defaults, the choice's runs; a choice that diverges gives way to the next
+            runs = [c.run for c in defaults if c.run is not None] + (tuned_runs(params) if params is not None else [])
+            todo = list({r.name: r for r in runs if r.name not in done}.values())  # tuned = default: once
+            if todo:
+                run_sweep(
+                    todo, sweep_record_path(base.out, grid, base), grid, base, plugins, _reporter(echo, todo), jobs=jobs
+                )
+                done.update(r.name for r in todo)
+            following, rejected = choose_tuned(study, tuned_runs)
+            if following == params:
+                break
+            echo(
+                f"  {algo}: the tuned setting {params} diverged over the full schedule on seed {seeds[0]}; next: {following}"
+            )
+            params = following
+    if study is not None and rejected:
+        study = {**study, "rejected": rejected}
+    if params is None:
+        note = "its tuning study has no completed trial" if study else "not tuned yet"
+        if study and rejected:
+            note = "every completed trial's setting diverged over the full schedule"
+        return defaults + [Cell(algo, "tuned", seed, None, {}, note) for seed in seeds], study
+    return defaults + [Cell(algo, "tuned", r.config.seed, r, dict(params)) for r in tuned_runs(params)], study
+
+
+def choose_tuned(
+    study: dict[str, Any] | None, tuned_runs: Callable[[dict[str, Any]], list[SweepRun]]
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The tuned setting: the study's best completed trial, unless its run over the full schedule
+    on the trial seed diverged (a non-finite training loss: a training signal, no test number is
+    read), then the next best, and so on. The trials run ``tune_rounds`` rounds, so a learning
+    rate at the edge of stability can win them and diverge later (FedEM's first study: lr 0.383
+    won and diverged on every seed). Returns (setting or None, the rejected ones with why)."""
+    trials = [t for t in (study or {}).get("trials", []) if t.get("state") == "complete" and t.get("value") is not None]
+    if study and study.get("best") and not trials:  # a summary without the trial list: its best only
+        trials = [study["best"]]
+    trials.sort(key=lambda t: (-t["value"], t["number"]))  # ties: the earlier trial, as the study's best
+    rejected = []
+    for trial in trials:
+        params = dict(trial["params"])
+        first = tuned_runs(params)[0]  # the trial seed's full-schedule run
+        summary = read_json(first.run_dir / SUMMARY_FILE) if (first.run_dir / SUMMARY_FILE).is_file() else None
+        if isinstance(summary, dict) and summary.get("status") == "diverged":
+            rejected.append({"params": params, "value": trial["value"], "run": first.name, "why": "diverged"})
+            continue
+        return params, rejected
+    return None, rejected
 
 
 def shipped_runs(folder: str | Path) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
@@ -356,6 +397,8 @@ def study_summary(study: dict[str, Any] | None) -> dict[str, Any] | None:
         "trials_asked": study.get("trials_asked"),
         "trial_states": states,
         "best": study.get("best"),
+        # settings that won the study but diverged over the full schedule (``choose_tuned``)
+        **({"rejected": study["rejected"]} if study.get("rejected") else {}),
     }
 
 

@@ -186,3 +186,37 @@ def test_a_new_work_folder_resumes_from_the_shipped_artifacts(
     assert not (tmp_path / "work2" / "tiny" / "runs").exists() or not any(
         (tmp_path / "work2" / "tiny" / "runs").iterdir()
     )
+
+
+def test_a_tuned_setting_that_diverges_over_the_full_schedule_gives_way_to_the_next(tmp_path: Path) -> None:
+    """choose_tuned: the study's best, unless its trial-seed run over the full schedule diverged
+    (a training signal, no test number read); then the next best complete trial."""
+    from types import SimpleNamespace
+
+    from pflbench.sweeps.reference import choose_tuned
+
+    def runs_of(params: dict) -> list:
+        folder = tmp_path / f"lr{params['lr']}"
+        return [SimpleNamespace(name=folder.name, run_dir=folder)]
+
+    def finish(lr: float, status: str) -> None:
+        folder = tmp_path / f"lr{lr}"
+        folder.mkdir()
+        (folder / "summary.json").write_text(json.dumps({"status": status}))
+
+    trials = [
+        {"number": 0, "state": "complete", "params": {"lr": 0.1}, "value": 0.70},
+        {"number": 1, "state": "complete", "params": {"lr": 0.4}, "value": 0.80},
+        {"number": 2, "state": "pruned", "params": {"lr": 0.9}, "value": 0.90},  # pruned: never chosen
+        {"number": 3, "state": "complete", "params": {"lr": 0.2}, "value": 0.75},
+    ]
+    study = {"trials": trials, "best": trials[1]}
+    assert choose_tuned(study, runs_of) == ({"lr": 0.4}, [])  # not run yet: the best
+    finish(0.4, "diverged")
+    params, rejected = choose_tuned(study, runs_of)
+    assert params == {"lr": 0.2} and [r["params"] for r in rejected] == [{"lr": 0.4}]
+    finish(0.2, "completed")
+    assert choose_tuned(study, runs_of)[0] == {"lr": 0.2}  # a completed run is kept
+    finish(0.1, "diverged")
+    assert choose_tuned({"trials": trials[1:2]}, runs_of) == (None, rejected)  # nothing left
+    assert choose_tuned(None, runs_of) == (None, [])
