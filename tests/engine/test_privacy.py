@@ -380,3 +380,27 @@ def test_config_file_run_reports_epsilon_in_rounds_summary_and_leaderboard(tmp_p
     board = CliRunner().invoke(cli, ["leaderboard", str(out), "--metrics", "pers_acc,dp_epsilon", "--format", "csv"])
     assert board.exit_code == 0, board.output
     assert "Privacy ε" in board.output and repr(summary["dp_epsilon"])[:8] in board.output
+
+
+def test_per_sample_gradients_do_not_import_torch_dynamo() -> None:
+    """DP-SGD's vmap(grad) runs under ``func_grad.autograd_without_dynamo`` (the import of
+    torch._dynamo costs seconds on the first step). In a fresh interpreter: one private batch
+    gradient, then torch._dynamo is still absent."""
+    script = (
+        "import sys, torch\n"
+        "import torch.nn.functional as F\n"
+        "from pflbench.engine.privacy import SampleLevelDP\n"
+        "model = torch.nn.Linear(5, 3)\n"
+        "params = dict(model.named_parameters())\n"
+        "def loss_of(p, x, y):\n"
+        "    loss = F.mse_loss(torch.func.functional_call(model, p, (x,)), y)\n"
+        "    return loss, {'task': loss}\n"
+        "dp = SampleLevelDP(clip=1.0, noise_multiplier=1.0)\n"
+        "dp.private_gradients(loss_of, params, torch.randn(4, 5), torch.randn(4, 3), torch.Generator())\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"
