@@ -10,6 +10,7 @@ ships, small enough for git (no checkpoints, no per-client files):
   with its status (``missing``, ``failed``, ``diverged``) and no values;
 - ``curves.csv``: per run and evaluation round, the accuracy and the cumulative bytes;
 - ``leaderboard.md/.tex/.csv``: the default and tuned rows of every algorithm, from these two files;
+- ``ranking.md``: one short row per algorithm, best tuned accuracy first (``report.ranking``);
 - ``hyperparameters.json``: per algorithm, the default setting and the tuned one with its study;
 - ``curves_tuned.png``, ``curves_default.png``: accuracy per round, per algorithm;
 - ``manifest.json``: every run's identity hash, code identity and git commit, the dataset's
@@ -39,6 +40,7 @@ from pflbench.report.latex import to_latex
 from pflbench.report.leaderboard import ALIASES, curve_bands, pivot, row_labels
 from pflbench.report.names import quantity
 from pflbench.report.plots import plot_curves
+from pflbench.report.ranking import RANKING_FILE, ranking_markdown, ranking_rows
 from pflbench.report.render import FORMATS
 from pflbench.report.targets import MB, ROUNDS, parse_target, target_values
 from pflbench.store.layout import CONFIG_FILE, run_folder
@@ -229,6 +231,8 @@ def write_artifacts(
     atomic_write_text(folder / "curves.csv", curves.to_csv(index=False, float_format="%.6g"))
     atomic_write_json(folder / "manifest.json", manifest)
     atomic_write_json(folder / "hyperparameters.json", dict(sorted(hyper.items())))
+    ranking = ranking_rows(summary, len(scenario.protocol.seeds))
+    atomic_write_text(folder / RANKING_FILE, ranking_markdown(ranking))
     counts = summary["status"].value_counts().to_dict()
     done = summary[summary["status"] == "done"]
     if not done.empty:

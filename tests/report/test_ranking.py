@@ -1,0 +1,91 @@
+"""``ranking.md``: the short per-algorithm table of a reference scenario, by hand, and the README's
+copy of the Dir(0.1) one checked against the shipped file (so its numbers are generated, not typed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pflbench.report.ranking import (
+    RANKING_FILE,
+    marked_block,
+    mean_std_cell,
+    ranking_markdown,
+    ranking_rows,
+    replace_marked_block,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_mean_std_cell_by_hand() -> None:
+    # 0.90, 0.92, 0.97 → 93.0 %; sample std of (90, 92, 97) = sqrt(((−3)² + (−1)² + 4²)/2) = sqrt(13) = 3.6
+    assert mean_std_cell([0.90, 0.92, 0.97], 3) == "93.0 ± 3.6"
+    assert mean_std_cell([0.90, 0.92], 3) == "91.0 ± 1.4 (2 seeds)"
+    assert mean_std_cell([0.9], 3) == "90.0 (1 seed)"
+    assert mean_std_cell([], 3) == "—"
+
+
+def _summary() -> pd.DataFrame:
+    rows = []
+    for algo, setting, seed, acc, new in [
+        ("fedavg", "default", 0, 0.80, 0.90),
+        ("fedavg", "tuned", 0, 0.82, 0.91),
+        ("fedper", "default", 0, 0.95, 0.85),
+        ("fedper", "tuned", 0, 0.93, 0.84),
+        ("local", "default", 0, 0.96, float("nan")),
+    ]:
+        rows.append({"algo": algo, "setting": setting, "seed": seed, "status": "done", "pers_acc": acc, "new_acc": new})
+    rows.append(
+        {"algo": "fedper", "setting": "tuned", "seed": 1, "status": "diverged", "pers_acc": None, "new_acc": None}
+    )
+    rows.append(
+        {"algo": "ditto", "setting": "default", "seed": 0, "status": "missing", "pers_acc": None, "new_acc": None}
+    )
+    return pd.DataFrame(rows)
+
+
+def test_ranking_sorts_by_the_tuned_mean_else_the_default_and_skips_unfinished_algorithms() -> None:
+    families = {"fedavg": "global", "fedper": "decoupling", "local": "local"}
+    rows = ranking_rows(_summary(), 1, family=families.__getitem__)
+    # local has no tuned run: ranked by its default 96; fedper by its tuned 93 (not its default
+    # 95); ditto finished nothing: no row; the diverged seed does not count
+    assert rows == [
+        ("1", "Local", "local only", "—", "96.0", "—"),
+        ("2", "FedPer", "decoupling", "93.0", "95.0", "84.0"),
+        ("3", "FedAvg", "global model", "82.0", "80.0", "91.0"),
+    ]
+    text = ranking_markdown(rows)
+    assert text.splitlines()[2] == "| 1 | Local | local only | — | 96.0 | — |"
+    assert text.endswith("| 3 | FedAvg | global model | 82.0 | 80.0 | 91.0 |\n")
+
+
+def test_marked_blocks_are_read_and_replaced() -> None:
+    text = "a\n<!-- t -->\nold\n<!-- /t -->\nb\n"
+    assert marked_block(text, "t") == "old\n"
+    assert replace_marked_block(text, "t", "new\nrows\n") == "a\n<!-- t -->\nnew\nrows\n<!-- /t -->\nb\n"
+    with pytest.raises(ValueError, match="no block marked"):
+        marked_block(text, "other")
+
+
+def test_the_readme_table_is_the_shipped_dir01_ranking() -> None:
+    """The README quotes results/reference/fmnist-dir0.1/ranking.md between its markers; after
+    the artifacts change, copy it again (``replace_marked_block``)."""
+    shipped = ROOT / "results" / "reference" / "fmnist-dir0.1" / RANKING_FILE
+    quoted = marked_block((ROOT / "README.md").read_text(), "reference-table")
+    assert quoted == shipped.read_text(), f"README's reference table is not {shipped}: {QUOTE}"
+
+
+QUOTE = (
+    'python -c "from pathlib import Path; from pflbench.report.ranking import replace_marked_block as r; '
+    "p = Path('README.md'); p.write_text(r(p.read_text(), 'reference-table', "
+    "Path('results/reference/fmnist-dir0.1/ranking.md').read_text()))\""
+)
+
+
+def test_the_shipped_ranking_is_generated_from_the_shipped_summary() -> None:
+    folder = ROOT / "results" / "reference" / "fmnist-dir0.1"
+    summary = pd.read_csv(folder / "summary.csv")
+    assert (folder / RANKING_FILE).read_text() == ranking_markdown(ranking_rows(summary, 3))
