@@ -20,9 +20,16 @@ final classifier layer, as in MOON / FedRoD) and h(·; φ) the classifier:
 Choices the paper leaves open, and what the authors' code (TsingZ0/DBE, = PFLlib's FedDBE) does:
 
 - The MR term's scale: the authors' ``torch.mean(0.5·(z̄_k − z̄_g)²)`` (a mean over the D
-  dimensions), which we use. ``--mr-weight`` κ = 50 and ``--mean-momentum`` m = 1 are the
-  authors' released run (``run_me.sh``: ``-klw 50 -mo 1``; PFLlib's argparse defaults, 0 and 0.1,
-  switch MR off); with m = 1 the running mean is the current batch's mean.
+  dimensions), which we use. ``--mean-momentum`` m = 1 is the authors' released run
+  (``run_me.sh``: ``-klw 50 -mo 1``; PFLlib's argparse defaults, κ = 0 and m = 0.1, switch MR
+  off); with m = 1 the running mean is the current batch's mean. ``--mr-weight`` κ = 2.5 is this
+  suite's choice: the authors' κ = 50 runs at their lr 0.005 and batch 10 (``main.py``), and a
+  penalty's step is lr·κ·∇, so at this suite's lr 0.1 κ = 50 steps 20× as far as theirs and the
+  shared model collapses; κ = 2.5 keeps their lr·κ = 0.25. Measured on the reference scenario
+  ``fmnist-dir0.1`` (Fashion-MNIST, Dir(0.1), 20 clients, ``mlp`` hidden 100, 25 rounds, lr 0.1),
+  personalized accuracy (global model's in brackets): κ = 50: seed 0 74.8% (26.0%), seed 1 80.0%
+  (33.5%), FedAvg 79.3% on seed 0; κ = 50 at lr 0.01: 87.8% (67.9%); κ = 0 (PRBM alone): 87.1%
+  (79.4%); κ = 2.5: seed 0 91.7% (77.9%), seed 1 94.2% (80.1%).
 - The initialization period: the authors run one extra local training of *every* client before
   round 1 (its model updates discarded) and take each client's running mean at its end (with
   m = 1: its last batch's mean). Here round 1 is the initialization period: its sampled clients
@@ -111,7 +118,9 @@ class BiasedLinear(nn.Linear):
 # ---- client ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class FedDBEHyperparameters:
-    mr_weight: float = option(50.0, "κ: weight of the mean regularisation (the authors' released run: 50).")
+    mr_weight: float = option(
+        2.5, "κ: weight of the mean regularisation (the authors' run: 50 at lr 0.005; 2.5 keeps their lr·κ at lr 0.1)."
+    )
     mean_momentum: float = option(
         1.0, "m of the running representation mean z̄ ← (1−m)·z̄ + m·mean_batch(z) (the authors' run: 1)."
     )
