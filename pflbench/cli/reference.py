@@ -16,6 +16,7 @@ from pathlib import Path
 import click
 
 from pflbench.errors import ConfigError
+from pflbench.util.progress import format_duration
 
 DEFAULT_ROOT = "results/reference"
 DEFAULT_WORK = "reference-work"
@@ -191,7 +192,7 @@ def _scenario(
         click.echo(
             f"[{scenario.name} {index + 1}/{len(names)}] {algo}: {statuses.count('done')} of {len(cells)} cells done"
             + (f"; tuned {_params(cells[-1].params)}" if cells[-1].params else "")
-            + f"; {_elapsed(time.monotonic() - started)}"
+            + f"; {format_duration(time.monotonic() - started)}"
         )
         failed += statuses.count("done") < len(cells)
         record = write_work_record(scenario, base, cells, sha256, {algo: study_summary(study)}, shipped=folder)
@@ -206,20 +207,10 @@ def _scenario(
     # the regeneration's measured time (cells read back cost ~nothing); the load average says
     # whether the machine was shared while it ran
     click.echo(
-        f"reference {scenario.name}: {len(names)} algorithms in {_elapsed(time.monotonic() - begun)}"
+        f"reference {scenario.name}: {len(names)} algorithms in {format_duration(time.monotonic() - begun)}"
         f" (load average over the last 15 min: {_load15()})"
     )
     return failed
-
-
-def _elapsed(seconds: float) -> str:
-    """Wall time as the progress lines show it: ``42 s``, ``6 min 05 s``, ``2 h 03 min``."""
-    whole = int(round(seconds))
-    if whole < 60:
-        return f"{whole} s"
-    if whole < 3600:
-        return f"{whole // 60} min {whole % 60:02d} s"
-    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
 
 
 def _load15() -> str:

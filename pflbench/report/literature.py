@@ -109,12 +109,13 @@ def our_stat(summary: pd.DataFrame | None, algo: str, setting: str, metric: str)
     return float(values.mean()), std, len(values)
 
 
-def stat_text(stat: tuple[float, float, int] | None, seeds: int = 3) -> str:
-    """``"95.67 ± 0.68"``; the seed count is written when it is not the protocol's ``seeds``."""
+def stat_text(stat: tuple[float, float, int] | None, seeds: int = 3, decimals: int = 2, none: str = PENDING) -> str:
+    """``"95.67 ± 0.68"`` (``decimals`` places); the seed count is written when it is not the
+    protocol's ``seeds``; ``none`` when there is no finished seed."""
     if stat is None:
-        return PENDING
+        return none
     mean, std, n = stat
-    text = f"{mean:.2f}" if math.isnan(std) else f"{mean:.2f} ± {std:.2f}"
+    text = f"{mean:.{decimals}f}" if math.isnan(std) else f"{mean:.{decimals}f} ± {std:.{decimals}f}"
     return text if n == seeds else f"{text} ({n} seed{'s' if n != 1 else ''})"
 
 

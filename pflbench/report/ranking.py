@@ -10,14 +10,13 @@ can be checked against it (the repository's README is, by a test).
 
 from __future__ import annotations
 
-import math
-import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
 import pandas as pd
 
 from pflbench.plugin_sources import declared_method_family
 from pflbench.report.families import short_label
+from pflbench.report.literature import our_stat, stat_text
 from pflbench.report.names import display_name
 
 RANKING_FILE = "ranking.md"
@@ -27,34 +26,18 @@ HEADER = (
 )
 
 
-def mean_std_cell(values: Sequence[float], seeds: int) -> str:
-    """``values`` (fractions) as "mean ± sample std" in % with one decimal; fewer than ``seeds``
-    values are marked with their count; one value has no std; none is "—"."""
-    if not values:
-        return "—"
-    percent = [100 * v for v in values]
-    text = (
-        f"{percent[0]:.1f}"
-        if len(percent) == 1
-        else f"{statistics.mean(percent):.1f} ± {statistics.stdev(percent):.1f}"
-    )
-    return text if len(percent) >= seeds else f"{text} ({len(percent)} seed{'s' if len(percent) > 1 else ''})"
-
-
-def _finished(summary: pd.DataFrame, algo: str, setting: str, metric: str) -> list[float]:
-    rows = summary[(summary["algo"] == algo) & (summary["setting"] == setting) & (summary["status"] == "done")]
-    return [float(v) for v in rows[metric] if not (isinstance(v, float) and math.isnan(v))]
-
-
 def ranking_rows(
     summary: pd.DataFrame, seeds: int, family: Callable[[str], str] = declared_method_family
 ) -> list[tuple[str, ...]]:
     """(rank, name, family, tuned, default, new clients) per algorithm with a finished run,
     best tuned mean first (ties: by algorithm name)."""
 
+    def cell(algo: str, setting: str, metric: str) -> str:
+        return stat_text(our_stat(summary, algo, setting, metric), seeds, decimals=1, none="—")
+
     def sort_key(algo: str) -> tuple[float, str]:
-        accuracy = _finished(summary, algo, "tuned", "pers_acc") or _finished(summary, algo, "default", "pers_acc")
-        return (-statistics.mean(accuracy), algo)
+        stat = our_stat(summary, algo, "tuned", "pers_acc") or our_stat(summary, algo, "default", "pers_acc")
+        return (-stat[0] if stat else 0.0, algo)
 
     algos = sorted({a for a in summary.loc[summary["status"] == "done", "algo"]}, key=sort_key)
     return [
@@ -62,9 +45,9 @@ def ranking_rows(
             str(rank),
             display_name(algo),
             short_label(family(algo)),
-            mean_std_cell(_finished(summary, algo, "tuned", "pers_acc"), seeds),
-            mean_std_cell(_finished(summary, algo, "default", "pers_acc"), seeds),
-            mean_std_cell(_finished(summary, algo, "tuned", "new_acc"), seeds),
+            cell(algo, "tuned", "pers_acc"),
+            cell(algo, "default", "pers_acc"),
+            cell(algo, "tuned", "new_acc"),
         )
         for rank, algo in enumerate(algos, 1)
     ]

@@ -11,7 +11,6 @@ import pytest
 from pflbench.report.ranking import (
     RANKING_FILE,
     marked_block,
-    mean_std_cell,
     ranking_markdown,
     ranking_rows,
     replace_marked_block,
@@ -20,12 +19,21 @@ from pflbench.report.ranking import (
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_mean_std_cell_by_hand() -> None:
-    # 0.90, 0.92, 0.97 → 93.0 %; sample std of (90, 92, 97) = sqrt(((−3)² + (−1)² + 4²)/2) = sqrt(13) = 3.6
-    assert mean_std_cell([0.90, 0.92, 0.97], 3) == "93.0 ± 3.6"
-    assert mean_std_cell([0.90, 0.92], 3) == "91.0 ± 1.4 (2 seeds)"
-    assert mean_std_cell([0.9], 3) == "90.0 (1 seed)"
-    assert mean_std_cell([], 3) == "—"
+def test_cells_by_hand() -> None:
+    summary = pd.DataFrame(
+        {
+            "algo": ["a"] * 3 + ["b"] * 2,
+            "setting": ["tuned"] * 5,
+            "status": ["done"] * 5,
+            "pers_acc": [0.90, 0.92, 0.97, 0.90, 0.92],
+            "new_acc": [float("nan")] * 5,
+        }
+    )
+    rows = {row[1]: row for row in ranking_rows(summary, 3, family=lambda algo: "global")}
+    # a: (90, 92, 97) → mean 93.0, sample std sqrt(((−3)² + (−1)² + 4²)/2) = sqrt(13) = 3.6
+    assert rows["a"][3] == "93.0 ± 3.6"
+    assert rows["b"][3] == "91.0 ± 1.4 (2 seeds)"  # fewer seeds than the protocol's: marked
+    assert rows["a"][4] == "—" and rows["a"][5] == "—"  # no default row, no new-client values
 
 
 def _summary() -> pd.DataFrame:
