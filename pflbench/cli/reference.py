@@ -169,7 +169,8 @@ def _scenario(
     if artifacts:
         check_writable(folder)
     sha256 = dataset_sha256(scenario, base)
-    pretrain_backbones(scenario, base, names, click.echo)
+    # plugin files register into this process only: a plugin's model or data builds here
+    pretrain_backbones(scenario, base, names, click.echo, 1 if plugin else jobs)
     failed = 0
     written_at = time.monotonic()
     record = None

@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import multiprocessing
+import os
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,7 @@ from pflbench.store.reader import read_json
 from pflbench.store.writer import write_json
 from pflbench.sweeps.grid import Grid, SweepRun, check_grid, expand_grid
 from pflbench.sweeps.local import run_sweep
+from pflbench.sweeps.parallel import die_with_parent
 from pflbench.sweeps.record import sweep_record_path
 from pflbench.sweeps.tune import TuneSettings, plan_studies, require_optuna, run_study
 
@@ -87,33 +91,49 @@ def refusals(scenario: Scenario, base: RunConfig, algos: list[str]) -> dict[str,
     return refused
 
 
-def pretrain_backbones(scenario: Scenario, base: RunConfig, algos: list[str], echo: Callable[[str], None]) -> None:
+def pretrain_backbones(
+    scenario: Scenario, base: RunConfig, algos: list[str], echo: Callable[[str], None], jobs: int = 1
+) -> None:
     """The pretrained backbones the scenario's runs start from (LoRA runs: one per seed), built
-    here one after another before any run: runs started at once (``--jobs``) would each train
-    the same backbone; afterwards every run finds it in the cache."""
-    from pflbench.data.partitioners import public_split
-    from pflbench.models.pretrain import pretrain_backbone
-    from pflbench.runs.prepare import resolve_device
-    from pflbench.util.threads import apply_threads
-
-    done: set[str] = set()
+    before any run: runs started at once (``--jobs``) would each train the same backbone;
+    afterwards every run finds it in the cache. Distinct backbones are built ``jobs`` at a time,
+    each in its own process with the thread count its cache key records (the same bits as one
+    after another: measured ≈ 20 min each on one core, FMNIST's ViT, so three took an hour while
+    the second core sat idle)."""
+    configs: dict[str, RunConfig] = {}
     for algo in algos:
         algorithm = ALGORITHMS.get(algo)
         for cell in expand_grid(base, _grid(scenario, algo, scenario.protocol.seeds)):
             config = cell.config
             hparams = hyperparameters_from(algorithm.hyperparameters, dict(cell.algo_options), algo)
-            if not config.init_spec.pretrains(lora.is_lora_run(algorithm, config, hparams)):
-                continue
-            key = repr((config.dataset, config.model, config.model_option, config.public_frac, config.seed))
-            if key in done:
-                continue
-            done.add(key)
-            apply_threads(config.threads)  # the count its cache key records (bits differ by threads)
-            dataset = load_dataset(config.dataset, config.dataset_options())
-            _, public = public_split(dataset.labels.numpy(), float(config.public_frac or 0.0), config.seed)
-            backbone = pretrain_backbone(config, dataset, public, resolve_device(config.device))
-            state = "cached" if backbone.from_cache else "pretrained"
-            echo(f"backbone {config.model} seed {config.seed}: {state}, held-back accuracy {backbone.val_accuracy:.4f}")
+            if config.init_spec.pretrains(lora.is_lora_run(algorithm, config, hparams)):
+                key = repr((config.dataset, config.model, config.model_option, config.public_frac, config.seed))
+                configs.setdefault(key, config)
+    width = min(jobs, len(configs))
+    if width <= 1:
+        built = map(build_backbone, configs.values())
+        for config, (state, accuracy) in zip(configs.values(), built):
+            echo(f"backbone {config.model} seed {config.seed}: {state}, held-back accuracy {accuracy:.4f}")
+        return
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(width, mp_context=context, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
+        for config, (state, accuracy) in zip(configs.values(), pool.map(build_backbone, configs.values())):
+            echo(f"backbone {config.model} seed {config.seed}: {state}, held-back accuracy {accuracy:.4f}")
+
+
+def build_backbone(config: RunConfig) -> tuple[str, float]:
+    """One pretrained backbone (``pretrain_backbones``' unit, in this or a worker process):
+    ("cached" or "pretrained", its held-back accuracy)."""
+    from pflbench.data.partitioners import public_split
+    from pflbench.models.pretrain import pretrain_backbone
+    from pflbench.runs.prepare import resolve_device
+    from pflbench.util.threads import apply_threads
+
+    apply_threads(config.threads)  # the count its cache key records (bits differ by threads)
+    dataset = load_dataset(config.dataset, config.dataset_options())
+    _, public = public_split(dataset.labels.numpy(), float(config.public_frac or 0.0), config.seed)
+    backbone = pretrain_backbone(config, dataset, public, resolve_device(config.device))
+    return ("cached" if backbone.from_cache else "pretrained"), backbone.val_accuracy
 
 
 def dataset_sha256(scenario: Scenario, base: RunConfig) -> str:

@@ -144,3 +144,46 @@ def test_cli_plain_run_is_untouched_by_lora_defaults(tmp_path: Path) -> None:
     assert config["public_frac"] == 0.0 and config["optimizer"] == "sgd"
     assert set(config["resolved"]["run_defaults"]) == {"public_frac", "optimizer", "lr", "max_grad_norm"}
     assert config["resolved"]["backbone"]["source"] == "random init"
+
+
+def test_a_scenario_s_backbones_built_two_at_a_time_are_the_ones_built_one_after_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pretrain_backbones(..., jobs=2)`` builds each seed's backbone in its own process: the
+    same cache files, byte for byte, as ``jobs=1``; a second call finds them cached."""
+    from pflbench.config.reference import parse_scenario
+    from pflbench.sweeps.reference import pretrain_backbones, scenario_base
+
+    scenario = parse_scenario(
+        {
+            "run": {
+                "dataset": "digits",
+                "num_clients": 3,
+                "rounds": 1,
+                "model": "vit_tiny_patch16_224",
+                "model_option": list(TINY_VIT),
+                "public_frac": 0.2,
+                "pretrain_epochs": 1,
+                "threads": 1,
+            },
+            "protocol": {"algos": ["fedavg"], "seeds": [0, 1], "trials": 1},
+            "algo_options": {"fedavg": {"lora_rank": 2}},
+        },
+        "tiny-lora",
+    )
+    files = {}
+    for jobs in (1, 2):
+        monkeypatch.setenv("PFLBENCH_CACHE", str(tmp_path / f"cache{jobs}"))
+        lines: list[str] = []
+        pretrain_backbones(scenario, scenario_base(scenario, tmp_path / "work"), ["fedavg"], lines.append, jobs)
+        assert [line.split(":")[0] for line in lines] == [
+            "backbone vit_tiny_patch16_224 seed 0",
+            "backbone vit_tiny_patch16_224 seed 1",
+        ]
+        assert all("pretrained" in line for line in lines), lines
+        built = sorted((tmp_path / f"cache{jobs}" / "backbones").glob("*.pt"))
+        files[jobs] = {path.name: path.read_bytes() for path in built}
+        again: list[str] = []
+        pretrain_backbones(scenario, scenario_base(scenario, tmp_path / "work"), ["fedavg"], again.append, jobs)
+        assert all("cached" in line for line in again), again
+    assert len(files[1]) == 2 and files[1] == files[2]
