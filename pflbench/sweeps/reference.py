@@ -17,6 +17,7 @@ content hash; ``report.reference`` writes the shipped artifacts from it, and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import multiprocessing
@@ -110,14 +111,13 @@ def pretrain_backbones(
                 key = repr((config.dataset, config.model, config.model_option, config.public_frac, config.seed))
                 configs.setdefault(key, config)
     width = min(jobs, len(configs))
-    if width <= 1:
-        built = map(build_backbone, configs.values())
-        for config, (state, accuracy) in zip(configs.values(), built):
-            echo(f"backbone {config.model} seed {config.seed}: {state}, held-back accuracy {accuracy:.4f}")
-        return
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(width, mp_context=context, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
-        for config, (state, accuracy) in zip(configs.values(), pool.map(build_backbone, configs.values())):
+    with contextlib.ExitStack() as stack:
+        mapper: Callable[..., Any] = map
+        if width > 1:
+            context = multiprocessing.get_context("spawn")
+            pool = ProcessPoolExecutor(width, mp_context=context, initializer=die_with_parent, initargs=(os.getpid(),))
+            mapper = stack.enter_context(pool).map
+        for config, (state, accuracy) in zip(configs.values(), mapper(build_backbone, configs.values())):
             echo(f"backbone {config.model} seed {config.seed}: {state}, held-back accuracy {accuracy:.4f}")
 
 
