@@ -259,3 +259,7 @@ def test_the_shipped_scenarios_share_one_protocol() -> None:
     lora = scenarios["fmnist-lora-dir0.1"]
     assert set(lora.protocol.algos) == {"fedsdg", "flexlora", "fedavg", "fedper"}
     assert lora.algo_options == {"fedavg": {"lora_rank": 8}, "fedper": {"lora_rank": 8}}
+    # the resized budget of results/reference/README.md: 7×7 patches, 24 rounds, evaluation every 2nd
+    assert "patch_size=7" in lora.run["model_option"]
+    budget = (lora.protocol.trials, lora.protocol.tune_rounds, lora.run["rounds"], lora.run["eval_every"])
+    assert budget == (4, 8, 24, 2)
