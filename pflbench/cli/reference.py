@@ -41,7 +41,15 @@ ARTIFACTS_EVERY_S = 300.0
     help="Only this algorithm (repeatable); a registered algorithm outside the scenario's list (a "
     "plugin) is run under the same protocol.",
 )
-@click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True, help="Runs (trials) at once.")
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Algorithms at once, each in its own process (one algorithm alone: its runs at once); "
+    "a study's trials always run one after another, so the numbers are the same at any --jobs.",
+)
 @click.option(
     "--artifacts/--no-artifacts",
     default=True,
@@ -124,11 +132,11 @@ def _scenario(
     from pflbench.store.layout import check_writable, runs_folder
     from pflbench.store.reader import read_json
     from pflbench.sweeps.reference import (
-        algorithm_cells,
         check_optuna,
         dataset_sha256,
         pretrain_backbones,
         refusals,
+        regenerate,
         scenario_algorithms,
         scenario_base,
         shipped_algorithm,
@@ -174,34 +182,44 @@ def _scenario(
     failed = 0
     written_at = time.monotonic()
     record = None
+    todo = []
     for index, algo in enumerate(names):
         shipped = shipped_algorithm(scenario, base, algo, folder, jobs)
         if shipped is not None:  # every cell in the committed artifacts, made by today's code
             cells, study = shipped
             click.echo(f"[{scenario.name} {index + 1}/{len(names)}] {algo}: all {len(cells)} cells shipped in {folder}")
             record = write_work_record(scenario, base, cells, sha256, {algo: study}, shipped=folder)
-            continue
+        else:
+            todo.append((index, algo))
+
+    def announce(index: int, algo: str) -> None:
         click.echo(f"[{scenario.name} {index + 1}/{len(names)}] {algo}: tuning ({protocol.trials} trials), then runs")
-        started = time.monotonic()
-        try:
-            cells, study = algorithm_cells(scenario, base, algo, jobs, plugin, click.echo)
-        except ConfigError as error:  # an algorithm that refuses the scenario's settings: the others go on
-            click.echo(f"[{scenario.name} {index + 1}/{len(names)}] {algo}: FAILED: {error}", err=True)
+
+    side_by_side = max(1, min(jobs, len(todo)))  # regenerate runs this many algorithms at once
+    for index, algo in todo[:side_by_side]:
+        announce(index, algo)
+    for position, done in enumerate(regenerate(scenario, base, todo, jobs, plugin, click.echo)):
+        tag = f"[{scenario.name} {done.index + 1}/{len(names)}] {done.algo}"
+        if done.error is not None:
+            click.echo(f"{tag}: FAILED: {done.error}", err=True)
             failed += 1
-            continue
-        statuses = [c.status() for c in cells]
-        click.echo(
-            f"[{scenario.name} {index + 1}/{len(names)}] {algo}: {statuses.count('done')} of {len(cells)} cells done"
-            + (f"; tuned {_params(cells[-1].params)}" if cells[-1].params else "")
-            + f"; {format_duration(time.monotonic() - started)}"
-        )
-        failed += statuses.count("done") < len(cells)
-        record = write_work_record(scenario, base, cells, sha256, {algo: study_summary(study)}, shipped=folder)
-        # partial progress can be committed: the artifacts follow the cells, at least every few
-        # minutes (a write reads every cell's run folder and draws the curves) and at the end
-        if artifacts and time.monotonic() - written_at >= ARTIFACTS_EVERY_S:
-            write_artifacts(scenario, folder, record, runs_dir, click.echo)
-            written_at = time.monotonic()
+        else:
+            statuses = [c.status() for c in done.cells]
+            click.echo(
+                f"{tag}: {statuses.count('done')} of {len(done.cells)} cells done"
+                + (f"; tuned {_params(done.cells[-1].params)}" if done.cells[-1].params else "")
+                + f"; {format_duration(done.seconds)}"
+            )
+            failed += statuses.count("done") < len(done.cells)
+            study = {done.algo: study_summary(done.study)}
+            record = write_work_record(scenario, base, done.cells, sha256, study, shipped=folder)
+            # partial progress can be committed: the artifacts follow the cells, at least every
+            # few minutes (a write reads every cell's run folder and draws the curves) and at the end
+            if artifacts and time.monotonic() - written_at >= ARTIFACTS_EVERY_S:
+                write_artifacts(scenario, folder, record, runs_dir, click.echo)
+                written_at = time.monotonic()
+        if position + side_by_side < len(todo):  # the next algorithm takes the place this one leaves
+            announce(*todo[position + side_by_side])
     if artifacts and record is not None:
         write_artifacts(scenario, folder, record, runs_dir, click.echo)
         _write_literature(folder.parent)

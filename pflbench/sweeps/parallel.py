@@ -56,16 +56,20 @@ def dispatch_order(todo: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
 
 def run_in_worker(run: Any, plugins: tuple[str, ...]) -> tuple[str, dict[str, Any] | None, str | None]:
     """(status, summary, error) of one run, in a worker process."""
-
-    for path in plugins:  # plugin files register into this process's registries
-        if path not in _LOADED_PLUGINS:
-            load_plugin_file(path)
-            _LOADED_PLUGINS.add(path)
+    load_plugins(plugins)
     try:
         return "done", run_one(run, plugins), None
     except Exception as error:  # recorded like a sequential sweep's failure
         status, message = outcome_of(run, error)
         return status, None, message
+
+
+def load_plugins(plugins: tuple[str, ...]) -> None:
+    """Register the plugin files into this (worker) process's registries, each once."""
+    for path in plugins:
+        if path not in _LOADED_PLUGINS:
+            load_plugin_file(path)
+            _LOADED_PLUGINS.add(path)
 
 
 def die_with_parent(parent: int) -> None:

@@ -102,6 +102,34 @@ def test_reference_runs_every_cell_once_and_writes_the_artifacts(reference: tupl
     assert not list(folder.glob("*.pt")) and sum(p.stat().st_size for p in folder.iterdir()) < 2**20
 
 
+def test_jobs_run_algorithms_side_by_side_with_the_same_numbers(
+    reference: tuple[Path, Path, str, str], tmp_path: Path
+) -> None:
+    """``--jobs 2`` regenerates the two algorithms at once, each in its own process, and writes
+    the numbers ``--jobs 1`` wrote: the same studies (trials one after another), the same runs."""
+    root, _, _, _ = reference
+    (tmp_path / "ref" / "tiny").mkdir(parents=True)
+    (tmp_path / "ref" / "tiny" / "scenario.toml").write_text(SCENARIO)
+    code, output = invoke("reference", tmp_path / "ref", "--work", tmp_path / "work", "--jobs", 2)
+    assert code == 0, output
+    # both start before either finishes; the workers' lines reach the command's output
+    lines = output.splitlines()
+    starts = [i for i, line in enumerate(lines) if "trials), then runs" in line]
+    ends = [i for i, line in enumerate(lines) if re.search(r"\] (fedavg|local): 6 of 6 cells done", line)]
+    assert len(starts) == 2 and len(ends) == 2 and max(starts) < min(ends), output
+    assert sum("done, pers_acc" in line for line in lines) == 12, output
+    assert re.search(r"reference tiny: 2 algorithms in ", output), output
+    timing = ["wall_time_s"]
+    ours = pd.read_csv(tmp_path / "ref" / "tiny" / "summary.csv").drop(columns=timing)
+    theirs = pd.read_csv(root / "tiny" / "summary.csv").drop(columns=timing)
+    pd.testing.assert_frame_equal(ours, theirs)
+    chosen = json.loads((tmp_path / "ref" / "tiny" / "hyperparameters.json").read_text())
+    assert (
+        chosen["fedavg"]["tuned"]["params"]
+        == json.loads((root / "tiny" / "hyperparameters.json").read_text())["fedavg"]["tuned"]["params"]
+    )
+
+
 def test_a_plugin_beside_the_reference_and_runs_of_another_scenario(
     reference: tuple[Path, Path, str, str], tmp_path: Path
 ) -> None:
