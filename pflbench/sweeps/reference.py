@@ -22,7 +22,7 @@ import dataclasses
 import hashlib
 import multiprocessing
 import os
-import queue
+import signal
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -297,26 +297,32 @@ def regenerate(
             yield _regenerate_one(scenario, base, index, algo, jobs, jobs, plugins, echo)
         return
     context = multiprocessing.get_context("spawn")
-    with context.Manager() as manager:  # a manager's queue: a line is here before put() returns
-        lines = manager.Queue()
-        pool = ProcessPoolExecutor(
-            width, mp_context=context, initializer=_algorithm_worker, initargs=(os.getpid(), lines, plugins)
-        )
-        pending = {
-            pool.submit(_regenerate_one, scenario, base, index, algo, jobs, 1, plugins, _echo_to_driver)
-            for index, algo in todo
-        }
-        try:
-            while pending:
-                finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-                _drain(lines, echo)
-                for future in finished:
-                    yield future.result()
-        except BaseException:  # KeyboardInterrupt: the workers' runs record themselves interrupted
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
+    lines = context.SimpleQueue()  # no feeder thread: a line is in the pipe before put() returns
+    pool = ProcessPoolExecutor(
+        width, mp_context=context, initializer=_algorithm_worker, initargs=(os.getpid(), lines, plugins)
+    )
+    pending = {
+        pool.submit(_regenerate_one, scenario, base, index, algo, jobs, 1, plugins, _echo_to_driver)
+        for index, algo in todo
+    }
+    try:
+        while pending:
+            finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            _drain(lines, echo)
+            for future in finished:
+                yield future.result()
+    except BaseException:
+        # KeyboardInterrupt (Ctrl-C reaches the workers too; `kill -INT` only this process): the
+        # workers' runs record themselves interrupted and resume next time
+        pool.shutdown(wait=False, cancel_futures=True)
+        for worker in multiprocessing.active_children():
+            with contextlib.suppress(OSError):
+                os.kill(worker.pid or 0, signal.SIGINT)
+        raise
+    finally:
         pool.shutdown(wait=True)
         _drain(lines, echo)
+        lines.close()
 
 
 def _regenerate_one(
@@ -352,12 +358,8 @@ def _echo_to_driver(line: str) -> None:
 
 
 def _drain(lines: Any, echo: Callable[[str], None]) -> None:
-    while True:
-        try:
-            line = lines.get_nowait()
-        except queue.Empty:
-            return
-        echo(line)
+    while not lines.empty():
+        echo(lines.get())
 
 
 def choose_tuned(
