@@ -26,6 +26,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -302,7 +303,7 @@ def regenerate(
         width, mp_context=context, initializer=_algorithm_worker, initargs=(os.getpid(), lines, plugins)
     )
     pending = {
-        pool.submit(_regenerate_one, scenario, base, index, algo, jobs, 1, plugins, _echo_to_driver)
+        pool.submit(_regenerate_one, scenario, base, index, algo, jobs, 1, plugins, partial(_echo_to_driver, algo))
         for index, algo in todo
     }
     try:
@@ -353,8 +354,10 @@ def _algorithm_worker(parent: int, lines: Any, plugins: tuple[str, ...]) -> None
     load_plugins(plugins)
 
 
-def _echo_to_driver(line: str) -> None:
-    _LINES.put(line)
+def _echo_to_driver(algo: str, line: str) -> None:
+    """A worker's line, named by its algorithm (two algorithms' trials interleave)."""
+    text = line.lstrip()
+    _LINES.put(f"{line[: len(line) - len(text)]}{algo} | {text}")
 
 
 def _drain(lines: Any, echo: Callable[[str], None]) -> None:

@@ -118,6 +118,7 @@ def test_jobs_run_algorithms_side_by_side_with_the_same_numbers(
     ends = [i for i, line in enumerate(lines) if re.search(r"\] (fedavg|local): 6 of 6 cells done", line)]
     assert len(starts) == 2 and len(ends) == 2 and max(starts) < min(ends), output
     assert sum("done, pers_acc" in line for line in lines) == 12, output
+    assert any(line.startswith("  local | trial 0: ") for line in lines), output  # named: they interleave
     assert re.search(r"reference tiny: 2 algorithms in ", output), output
     timing = ["wall_time_s"]
     ours = pd.read_csv(tmp_path / "ref" / "tiny" / "summary.csv").drop(columns=timing)
