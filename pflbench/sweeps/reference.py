@@ -26,6 +26,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -302,16 +303,23 @@ def regenerate(
     pool = ProcessPoolExecutor(
         width, mp_context=context, initializer=_algorithm_worker, initargs=(os.getpid(), lines, plugins)
     )
-    pending = {
-        pool.submit(_regenerate_one, scenario, base, index, algo, jobs, 1, plugins, partial(_echo_to_driver, algo))
-        for index, algo in todo
-    }
+    submitted = {}
+    for index, algo in todo:  # each worker's lines named by its algorithm
+        echo_named = partial(_echo_to_driver, algo)
+        submitted[pool.submit(_regenerate_one, scenario, base, index, algo, jobs, 1, plugins, echo_named)] = (
+            index,
+            algo,
+        )
+    pending = set(submitted)
     try:
         while pending:
             finished, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
             _drain(lines, echo)
             for future in finished:
-                yield future.result()
+                try:
+                    yield future.result()
+                except BrokenProcessPool:  # a worker killed (the OOM killer): the pool goes down with it
+                    yield Regenerated(*submitted[future], [], None, WORKER_DIED, 0.0)
     except BaseException:
         # KeyboardInterrupt (Ctrl-C reaches the workers too; `kill -INT` only this process): the
         # workers' runs record themselves interrupted and resume next time
@@ -344,6 +352,10 @@ def _regenerate_one(
     return Regenerated(index, algo, cells, study, None, time.monotonic() - started)
 
 
+WORKER_DIED = (
+    "a worker process died (killed: out of memory?), taking the algorithms in flight with it; "
+    "run the command again to resume them"
+)
 _LINES: Any = None  # an algorithm worker's queue of output lines to the driver
 
 

@@ -131,6 +131,40 @@ def test_jobs_run_algorithms_side_by_side_with_the_same_numbers(
     )
 
 
+KILLER = """
+import os, signal
+from pflbench import ClientProgram, ProgramCapabilities, register_algorithm
+from pflbench.algorithms.fedavg import FedAvg
+
+
+class KilledProgram(ClientProgram):
+    capabilities = ProgramCapabilities.of_defaults()
+
+    def loss_terms(self, forward, params, inputs, targets, received):
+        os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would
+
+
+@register_algorithm("killed")
+class Killed(FedAvg):
+    program_class = KilledProgram
+"""
+
+
+def test_a_killed_algorithm_worker_fails_its_algorithms_in_one_line_and_they_resume(tmp_path: Path) -> None:
+    (tmp_path / "ref" / "tiny").mkdir(parents=True)
+    (tmp_path / "ref" / "tiny" / "scenario.toml").write_text(SCENARIO)
+    (tmp_path / "killed.py").write_text(KILLER)
+    command = [sys.executable, "-c", "from pflbench.cli import main; main()", "reference", str(tmp_path / "ref")]
+    command += ["--work", str(tmp_path / "work"), "--jobs", "2", "--no-artifacts"]
+    plugin = ["--algo", "killed", "--plugin", str(tmp_path / "killed.py")]
+    done = subprocess.run([*command, "--algo", "fedavg", *plugin], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "killed: FAILED: a worker process died (killed: out of memory?)" in done.stderr, done.stderr
+    again = subprocess.run([*command, "--algo", "fedavg"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "fedavg: 6 of 6 cells done" in again.stdout, again.stdout + again.stderr
+
+
 def test_a_plugin_beside_the_reference_and_runs_of_another_scenario(
     reference: tuple[Path, Path, str, str], tmp_path: Path
 ) -> None:
