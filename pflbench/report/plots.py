@@ -180,7 +180,8 @@ def plot_curves(
     for path in map(Path, paths):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            figure.savefig(path, format=path.suffix[1:].lower() or "png", dpi=150)
+            # tight: a long legend entry or title widens the image instead of being cut off
+            figure.savefig(path, format=path.suffix[1:].lower() or "png", dpi=150, bbox_inches="tight")
         except OSError as error:
             raise ConfigError(f"cannot write {path}: {error.strerror or error}") from None
         written.append(path)
@@ -216,7 +217,13 @@ def curve_figure(bands: pd.DataFrame, x_label: str, y_label: str, title: str = "
     styles = {row: (("-", "--", "-.", ":")[i % 4], "osD^v<>p"[i % 8]) for i, row in enumerate(rows)}
     columns = min(3, len(panels))
     grid_rows = -(-len(panels) // columns)
-    figure = Figure(figsize=(4.6 * columns, 3.4 * grid_rows + 0.5), dpi=150, layout="constrained")
+    legend_columns = min(len(rows), 4)
+    legend_rows = -(-len(rows) // legend_columns)
+    # the legend below the panels gets its own height (43 algorithms: 11 lines), so the panels keep
+    # theirs; many curves get taller panels; wide enough for the title and four legend columns
+    panel_height = 3.4 if len(rows) <= 10 else 5.0
+    height = panel_height * grid_rows + 0.5 + 0.25 * legend_rows
+    figure = Figure(figsize=(max(4.6 * columns, 7.5), height), dpi=150, layout="constrained")
     FigureCanvasAgg(figure)
     axes_grid = figure.subplots(grid_rows, columns, squeeze=False)
     for axes, (dataset, partition) in zip(axes_grid.flat, panels):
@@ -257,7 +264,7 @@ def curve_figure(bands: pd.DataFrame, x_label: str, y_label: str, title: str = "
         for row in rows
     ]
     figure.legend(
-        handles, [_plain(row) for row in rows], loc="outside lower center", ncols=min(len(rows), 4), frameon=False
+        handles, [_plain(row) for row in rows], loc="outside lower center", ncols=legend_columns, frameon=False
     )
     if title:
         figure.suptitle(title)

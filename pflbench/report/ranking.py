@@ -10,7 +10,7 @@ can be checked against it (the repository's README is, by a test).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import pandas as pd
 
@@ -27,10 +27,14 @@ HEADER = (
 
 
 def ranking_rows(
-    summary: pd.DataFrame, seeds: int, family: Callable[[str], str] = declared_method_family
+    summary: pd.DataFrame,
+    seeds: int,
+    family: Callable[[str], str] = declared_method_family,
+    renames: Mapping[str, str] | None = None,
 ) -> list[tuple[str, ...]]:
     """(rank, name, family, tuned, default, new clients) per algorithm with a finished run,
-    best tuned mean first (ties: by algorithm name)."""
+    best tuned mean first (ties: by algorithm name); ``renames``: names in place of the
+    algorithms' display names (a scenario's variants, e.g. FedAvg + LoRA)."""
 
     def cell(algo: str, setting: str, metric: str) -> str:
         return stat_text(our_stat(summary, algo, setting, metric), seeds, decimals=1, none="—")
@@ -43,7 +47,7 @@ def ranking_rows(
     return [
         (
             str(rank),
-            display_name(algo),
+            display_name(algo, renames),
             short_label(family(algo)),
             cell(algo, "tuned", "pers_acc"),
             cell(algo, "default", "pers_acc"),

@@ -38,7 +38,7 @@ from pflbench.config.reference import SETTINGS, Scenario, read_scenario, scenari
 from pflbench.errors import ConfigError
 from pflbench.report.latex import to_latex
 from pflbench.report.leaderboard import ALIASES, curve_bands, pivot, row_labels
-from pflbench.report.names import quantity
+from pflbench.report.names import display_name, quantity
 from pflbench.report.plots import plot_curves
 from pflbench.report.ranking import RANKING_FILE, ranking_markdown, ranking_rows
 from pflbench.report.render import FORMATS
@@ -231,7 +231,7 @@ def write_artifacts(
     atomic_write_text(folder / "curves.csv", curves.to_csv(index=False, float_format="%.6g"))
     atomic_write_json(folder / "manifest.json", manifest)
     atomic_write_json(folder / "hyperparameters.json", dict(sorted(hyper.items())))
-    ranking = ranking_rows(summary, len(scenario.protocol.seeds))
+    ranking = ranking_rows(summary, len(scenario.protocol.seeds), renames=variant_names(scenario))
     atomic_write_text(folder / RANKING_FILE, ranking_markdown(ranking))
     counts = summary["status"].value_counts().to_dict()
     done = summary[summary["status"] == "done"]
@@ -365,10 +365,22 @@ def setting_renames(frame: pd.DataFrame, renames: Mapping[str, str] | None = Non
     return mapped
 
 
+def variant_names(scenario: Scenario) -> dict[str, str]:
+    """The names of the scenario's variants of an algorithm (``[algo_options]``): ``FedAvg + LoRA``
+    for a LoRA rank, else the options in words (``FedAvg (mu=0.1)``), so a table never shows a
+    variant under the plain algorithm's name."""
+    names = {}
+    for algo, options in scenario.algo_options.items():
+        rest = {k: v for k, v in options.items() if k != "lora_rank"}
+        name = display_name(algo) + (" + LoRA" if "lora_rank" in options else "")
+        names[algo] = f"{name} ({', '.join(f'{k}={v}' for k, v in rest.items())})" if rest else name
+    return names
+
+
 def reference_table(frame: pd.DataFrame, scenario: Scenario, **options: Any) -> pd.DataFrame:
     """The scenario's leaderboard: pers_acc, last-10, worst-10%, new clients, MB, and rounds and
     MB to its target; default and tuned rows; significance marks over the seeds."""
-    user = dict(options.pop("renames", None) or {})
+    user = {**variant_names(scenario), **(options.pop("renames", None) or {})}
     renames = {**user, **setting_renames(frame, user)}
     options.setdefault("target", scenario.protocol.target)
     options.setdefault("order", "name")

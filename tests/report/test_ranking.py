@@ -93,7 +93,29 @@ QUOTE = (
 )
 
 
-def test_the_shipped_ranking_is_generated_from_the_shipped_summary() -> None:
-    folder = ROOT / "results" / "reference" / "fmnist-dir0.1"
-    summary = pd.read_csv(folder / "summary.csv")
-    assert (folder / RANKING_FILE).read_text() == ranking_markdown(ranking_rows(summary, 3))
+def test_each_shipped_ranking_is_generated_from_the_shipped_summary() -> None:
+    from pflbench.config.reference import read_scenario, scenario_folders
+    from pflbench.report.reference import variant_names
+
+    folders = [f for f in scenario_folders(ROOT / "results" / "reference") if (f / RANKING_FILE).is_file()]
+    assert {f.name for f in folders} >= {"fmnist-dir0.1", "fmnist-lora-dir0.1"}
+    for folder in folders:
+        summary = pd.read_csv(folder / "summary.csv")
+        rows = ranking_rows(summary, 3, renames=variant_names(read_scenario(folder)))
+        assert (folder / RANKING_FILE).read_text() == ranking_markdown(rows), folder.name
+
+
+def test_a_scenarios_variants_are_named_as_such(tmp_path: Path) -> None:
+    from pflbench.config.reference import read_scenario
+    from pflbench.report.reference import variant_names
+
+    text = (ROOT / "results" / "reference" / "fmnist-lora-dir0.1" / "scenario.toml").read_text()
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "scenario.toml").write_text(text + "\n[algo_options.fedprox]\nmu = 0.1\nlora_rank = 4\n")
+    assert variant_names(read_scenario(tmp_path / "s"))["fedprox"] == "FedProx + LoRA (mu=0.1)"
+
+    lora = read_scenario(ROOT / "results" / "reference" / "fmnist-lora-dir0.1")
+    assert variant_names(lora) == {"fedavg": "FedAvg + LoRA", "fedper": "FedPer + LoRA"}
+    assert variant_names(read_scenario(ROOT / "results" / "reference" / "fmnist-dir0.1")) == {}
+    ranking = (ROOT / "results" / "reference" / "fmnist-lora-dir0.1" / RANKING_FILE).read_text()
+    assert "| FedAvg + LoRA |" in ranking and "| FedAvg |" not in ranking
