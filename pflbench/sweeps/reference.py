@@ -305,11 +305,10 @@ def regenerate(
     )
     submitted = {}
     for index, algo in todo:  # each worker's lines named by its algorithm
-        echo_named = partial(_echo_to_driver, algo)
-        submitted[pool.submit(_regenerate_one, scenario, base, index, algo, jobs, 1, plugins, echo_named)] = (
-            index,
-            algo,
+        future = pool.submit(
+            _regenerate_one, scenario, base, index, algo, jobs, 1, plugins, partial(_echo_to_driver, algo)
         )
+        submitted[future] = (index, algo)
     pending = set(submitted)
     try:
         while pending:
