@@ -86,7 +86,9 @@ def test_pflbench_side_runs(tmp_path, monkeypatch):
         assert case["samples_per_round"] == 21  # 2 of 4 clients, 10.5 samples each on average
         assert run["round_s"] > 0 and run["rss_peak_mb"] > 0 and run["samples_per_s"] == 21 / run["round_s"]
         assert len(case["runs"]["pflbench"][0]["rounds_s"]) == 3  # R + 2 rounds (the first dropped)
-        assert run["round_cpu_s"] > 0  # CPU seconds of round 2 (round 3 evaluates)
+        # CPU seconds of round 2 (round 3 evaluates), read from /proc in 10 ms clock ticks: a
+        # tiny 0.05 s round can fall between two ticks (CI saw 0.0), so only presence and sign hold
+        assert run["round_cpu_s"] >= 0
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [c["algo"] for c in saved["cases"]] == ["fedavg", "fedper"]
 
