@@ -45,6 +45,10 @@ def killed_after_round_3(out: Path) -> subprocess.CompletedProcess:
     code = "from pflbench.testing import kill_after_round; kill_after_round(3)"
     code += "; import sys; from pflbench.cli import main; sys.argv[0] = 'pflbench'; main()"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # A separate command, as a user runs it: its own W&B service, not the one an earlier test of
+    # this process started (wandb passes its service to children in WANDB_SERVICE); a shared
+    # service would still hold the killed run's id when the resume asks for it ("in use").
+    env.pop("WANDB_SERVICE", None)
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300)
 
 
